@@ -1,0 +1,10 @@
+"""forcedweight: exact best kept subsets of attention keys under forced weights.
+
+Capture attention rows from real models (``forcedweight.dumps``), enumerate and certify the best
+kept subsets (``forcedweight.enumerate``, ``forcedweight.solvers``), compute paper statistics
+(``forcedweight.stats``, ``forcedweight.report``), generate NP-hard instances with known answers
+(``forcedweight.instances``), and deploy through a ragged per-head KV cache and Triton decode
+kernel (``forcedweight.kernels``, ``forcedweight.deploy``, ``forcedweight.probabilistic``).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,44 @@
+"""The ``forcedweight`` command line (Typer). Thin: each command calls into the library.
+
+Each subcommand lives in its own module of this package and exposes ``register(app)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from forcedweight.rows import InputError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Capture attention rows, certify the best kept subsets under forced weights, report, deploy.",
+)
+
+COMMAND_MODULES = ("dump", "certify", "report", "groups", "instances", "memory", "probabilistic", "pipeline")
+
+for _name in COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"forcedweight.cli.{_name}")
+    except ModuleNotFoundError as _exc:  # a command not built yet
+        if _exc.name != f"forcedweight.cli.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one clear line to stderr and exit non-zero."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

@@ -1,0 +1,311 @@
+"""The attention-row contract (SPEC §2): Arrow schema, validation, streaming Parquet I/O.
+
+One row is one query's attention over N keys in one head: weights ``p`` (N,) and values
+``V`` (N, value_dim). Analysis always happens in float64 on renormalised weights.
+
+Everything here streams: a file or a directory of Parquet files is read row group by row
+group, so a dump larger than memory is never loaded whole. Writes are atomic: a temporary
+file in the destination directory, renamed over the target on success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REQUIRED_COLUMNS = ("weights", "values", "value_dim")
+PROVENANCE_COLUMNS = ("model", "text_id", "layer", "head", "kv_head", "query_pos", "n_keys")
+ARRAY_COLUMNS = ("logits", "keys", "query")
+
+
+class InputError(ValueError):
+    """Bad input: a message of one line naming the file, option or row at fault."""
+
+
+class RowError(InputError):
+    """A single row breaks the contract; ``row_id`` names it, ``reason`` says how."""
+
+    def __init__(self, row_id: int, reason: str, source: str | None = None):
+        self.row_id = int(row_id)
+        self.reason = reason
+        self.source = source
+        where = f" in {source}" if source else ""
+        super().__init__(f"row {self.row_id}{where}: {reason}")
+
+
+def row_schema(weights_type: pa.DataType = pa.float32(), with_keys: bool = False) -> pa.Schema:
+    """Arrow schema of rows written by ``dump`` (required columns, provenance, optional arrays)."""
+    fields = [
+        pa.field("row_id", pa.int64()),
+        pa.field("weights", pa.list_(weights_type)),
+        pa.field("values", pa.list_(weights_type)),
+        pa.field("value_dim", pa.int32()),
+        pa.field("model", pa.string()),
+        pa.field("text_id", pa.int64()),
+        pa.field("layer", pa.int32()),
+        pa.field("head", pa.int32()),
+        pa.field("kv_head", pa.int32()),
+        pa.field("query_pos", pa.int32()),
+        pa.field("n_keys", pa.int32()),
+    ]
+    if with_keys:
+        fields += [pa.field(name, pa.list_(weights_type)) for name in ARRAY_COLUMNS]
+    return pa.schema(fields)
+
+
+@dataclass
+class Row:
+    """One validated attention row.
+
+    Attributes
+    ----------
+    row_id : int
+    p : ndarray, shape (N,), float64, non-negative, sums to 1 (renormalised).
+    V : ndarray, shape (N, d_v), float64.
+    extra : dict
+        Every other column of the input row (provenance, keys/query/logits as lists,
+        unknown columns), carried through untouched.
+    """
+
+    row_id: int
+    p: np.ndarray
+    V: np.ndarray
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_keys(self) -> int:
+        return int(self.p.shape[0])
+
+    def array(self, name: str) -> np.ndarray | None:
+        """``keys`` as (N, d), ``query`` as (d,), ``logits`` as (N,) in float64, or None."""
+        raw = self.extra.get(name)
+        if raw is None:
+            return None
+        arr = np.asarray(raw, dtype=np.float64)
+        if name == "keys":
+            n = self.n_keys
+            if n == 0 or arr.size % n:
+                raise RowError(self.row_id, f"keys length {arr.size} is not a multiple of N={n}")
+            arr = arr.reshape(n, arr.size // n)
+        return arr
+
+
+@dataclass
+class InvalidRow:
+    """A row that failed validation, kept so that ``--skip-invalid`` can record it."""
+
+    row_id: int
+    reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def validate_row(weights: Any, values: Any, value_dim: Any, row_id: int, source: str | None = None):
+    """Check one row against the contract and return ``(p, V)`` in float64.
+
+    Parameters
+    ----------
+    weights : sequence of float, length N
+    values : sequence of float, length N * value_dim (row-major)
+    value_dim : int
+    row_id : int
+        Used in the error message.
+
+    Returns
+    -------
+    p : ndarray (N,) float64, renormalised to sum 1
+    V : ndarray (N, value_dim) float64
+
+    Raises
+    ------
+    RowError
+        NaN/inf, negative or all-zero weights, a length mismatch, a missing field.
+    """
+    if weights is None:
+        raise RowError(row_id, "weights is null", source)
+    if values is None:
+        raise RowError(row_id, "values is null", source)
+    if value_dim is None:
+        raise RowError(row_id, "value_dim is null", source)
+    p = np.asarray(weights, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    n = p.shape[0]
+    d = int(value_dim)
+    if n == 0:
+        raise RowError(row_id, "weights is empty (N = 0)", source)
+    if d < 1:
+        raise RowError(row_id, f"value_dim must be >= 1, got {d}", source)
+    if not np.all(np.isfinite(p)):
+        raise RowError(row_id, "weights contain NaN or inf", source)
+    if np.any(p < 0):
+        raise RowError(row_id, f"weights contain a negative value (min {p.min():.3g})", source)
+    total = p.sum()
+    if not total > 0:
+        raise RowError(row_id, "weights are all zero", source)
+    if v.shape[0] != n * d:
+        raise RowError(
+            row_id, f"values has length {v.shape[0]}, expected N*value_dim = {n}*{d} = {n * d}", source
+        )
+    if not np.all(np.isfinite(v)):
+        raise RowError(row_id, "values contain NaN or inf", source)
+    return p / total, v.reshape(n, d)
+
+
+def validate_budget(s: int, n: int, row_id: int, source: str | None = None) -> None:
+    """Raise RowError unless 1 <= s <= N."""
+    if s < 1:
+        raise RowError(row_id, f"budget s={s} is below 1", source)
+    if s > n:
+        raise RowError(row_id, f"budget s={s} exceeds N={n}", source)
+
+
+def list_parquet_files(path: str | os.PathLike) -> list[Path]:
+    """The Parquet files of a file or a directory (sorted, recursive), or an InputError."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise InputError(f"{path}: directory holds no .parquet files")
+    return files
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """Open a Parquet file or raise an InputError naming it."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: not a readable Parquet file ({first})") from None
+
+
+def check_columns(path: Path, schema: pa.Schema, required: Sequence[str] = REQUIRED_COLUMNS) -> None:
+    missing = [c for c in required if c not in schema.names]
+    if missing:
+        raise InputError(f"{path}: missing required column(s) {', '.join(missing)}")
+
+
+def iter_batches(
+    path: str | os.PathLike,
+    columns: Sequence[str] | None = None,
+    required: Sequence[str] = REQUIRED_COLUMNS,
+) -> Iterator[tuple[Path, int, pa.RecordBatch]]:
+    """Stream ``(file, first_position, batch)`` over a file or directory, one row group at a time.
+
+    ``first_position`` is the global position (over all files, in sorted order) of the batch's
+    first row; it is the row id of rows that carry no ``row_id`` column.
+    """
+    position = 0
+    for file in list_parquet_files(path):
+        pf = open_parquet(file)
+        check_columns(file, pf.schema_arrow, required)
+        cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+        for rg in range(pf.num_row_groups):
+            batch_table = pf.read_row_group(rg, columns=cols)
+            for batch in batch_table.to_batches():
+                yield file, position, batch
+                position += batch.num_rows
+
+
+def count_rows(path: str | os.PathLike) -> int:
+    """Total rows over a file or directory, from Parquet metadata only."""
+    return sum(open_parquet(f).metadata.num_rows for f in list_parquet_files(path))
+
+
+def iter_rows(path: str | os.PathLike, skip_invalid: bool = False) -> Iterator[Row | InvalidRow]:
+    """Stream validated rows. Invalid rows raise RowError, or come back as InvalidRow when skipping."""
+    for file, start, batch in iter_batches(path):
+        for row in rows_from_batch(batch, start, source=str(file), skip_invalid=skip_invalid):
+            yield row
+
+
+def rows_from_batch(
+    batch: pa.RecordBatch | pa.Table, start: int = 0, source: str | None = None, skip_invalid: bool = False
+) -> list[Row | InvalidRow]:
+    """Validate the rows of one Arrow batch; row ids come from ``row_id`` or from ``start + i``."""
+    data = batch.to_pydict()
+    n = batch.num_rows
+    ids = data.get("row_id") or [None] * n
+    out: list[Row | InvalidRow] = []
+    for i in range(n):
+        rid = ids[i] if ids[i] is not None else start + i
+        extra = {k: v[i] for k, v in data.items() if k not in ("weights", "values", "row_id")}
+        try:
+            p, V = validate_row(data["weights"][i], data["values"][i], data["value_dim"][i], rid, source)
+        except RowError as exc:
+            if not skip_invalid:
+                raise
+            out.append(InvalidRow(int(rid), exc.reason, extra))
+            continue
+        out.append(Row(int(rid), p, V, extra))
+    return out
+
+
+def make_row_table(rows: Sequence[dict[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
+    """Build a Table from a list of row dicts (``weights``/``values`` as arrays or lists)."""
+    cols: dict[str, list] = {}
+    for r in rows:
+        for k in r:
+            cols.setdefault(k, [])
+    for r in rows:
+        for k in cols:
+            v = r.get(k)
+            cols[k].append(v.tolist() if isinstance(v, np.ndarray) else v)
+    if schema is not None:
+        names = [f.name for f in schema if f.name in cols]
+        extra = [k for k in cols if k not in names]
+        table = pa.table({n: pa.array(cols[n], type=schema.field(n).type) for n in names})
+        for k in extra:
+            table = table.append_column(k, pa.array(cols[k]))
+        return table
+    return pa.table(cols)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, suffix: str = ""):
+    """Yield a temporary path beside ``target``; rename it over ``target`` only on success.
+
+    On an exception the temporary file is removed and ``target`` is left as it was.
+    An unwritable destination raises InputError naming it.
+    """
+    target = Path(target)
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=parent)
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_table_atomic(table: pa.Table, target: str | os.PathLike, row_group_size: int | None = None) -> Path:
+    """Write a Parquet file atomically (temporary file in the same directory, then rename)."""
+    with atomic_path(target) as tmp:
+        pq.write_table(table, tmp, row_group_size=row_group_size)
+    return Path(target)
+
+
+def read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:
+    """Read a whole (small) Parquet file or directory — for results tables, not for dumps."""
+    tables = []
+    for file in list_parquet_files(path):
+        pf = open_parquet(file)
+        cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+        tables.append(pf.read(columns=cols))
+    return pa.concat_tables(tables, promote_options="default")

@@ -1,0 +1,1 @@
+"""Exact solvers over all N keys and the certification that combines them."""
