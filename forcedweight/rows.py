@@ -166,14 +166,30 @@ def validate_budget(s: int, n: int, row_id: int, source: str | None = None) -> N
         raise RowError(row_id, f"budget s={s} exceeds N={n}", source)
 
 
+# Files a dump directory holds beside its row shards; never read as rows.
+SIDECAR_PATTERNS = ("texts.parquet", "stats-*.parquet")
+
+
+def is_sidecar(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in SIDECAR_PATTERNS)
+
+
 def list_parquet_files(path: str | os.PathLike) -> list[Path]:
-    """The Parquet files of a file or a directory (sorted, recursive), or an InputError."""
+    """The row Parquet files of a file or a directory (sorted, recursive), or an InputError.
+
+    In a directory, hidden files (work in progress) and a dump's sidecar tables
+    (``texts.parquet``, ``stats-*.parquet``) are skipped.
+    """
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith("."))
+    files = sorted(
+        p
+        for p in path.rglob("*.parquet")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts) and not is_sidecar(p)
+    )
     if not files:
         raise InputError(f"{path}: directory holds no .parquet files")
     return files

@@ -1,0 +1,77 @@
+"""The main job in one call: dump rows from a model, certify them at budget s, write the report.
+
+``run_pipeline(out)`` with its defaults is what the README's first command runs on the embedded
+SmolLM2-135M-Instruct: a small, CPU-sized slice of the model (every layer and head, a few query
+positions per head on the first texts of the built-in corpus). Every stage is resumable, so a
+rerun after an interruption picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class PipelineOptions:
+    """Options of the main job (see ``forcedweight pipeline --help``)."""
+
+    model: str | None = None
+    s_values: tuple[int, ...] = (8,)
+    layers: str | None = None
+    heads: str | None = None
+    positions: int = 2
+    max_texts: int = 2
+    seed: int = 0
+    solver: str = "auto"
+    time_limit: float = 2.0
+    workers: int = 1
+    stats_s: tuple[int, ...] = field(default_factory=lambda: (8, 32))
+
+
+def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progress: bool = True) -> Path:
+    """Run dump → certify → report into ``out``; returns the report directory.
+
+    Layout: ``out/rows/`` (the dump), ``out/results.parquet`` (certify), ``out/report/``.
+    """
+    from forcedweight.certify import CertifyOptions, certify_file
+    from forcedweight.dumps import dump_rows
+    from forcedweight.dumps.capture import parse_index_list
+    from forcedweight.dumps.corpus import builtin_corpus
+    from forcedweight.models import load_model
+    from forcedweight.report import build_report
+
+    options = options or PipelineOptions()
+    out = Path(out)
+    rows_dir = out / "rows"
+    results = out / "results.parquet"
+    report_dir = out / "report"
+    command = " ".join(shlex.quote(a) for a in sys.argv) if sys.argv else "run_pipeline(...)"
+
+    texts = builtin_corpus()[: options.max_texts]
+    loaded = load_model(options.model)
+    n_layers = loaded.model.config.num_hidden_layers
+    n_heads = loaded.model.config.num_attention_heads
+    dump_rows(
+        loaded,
+        texts,
+        rows_dir,
+        layers=parse_index_list(options.layers, n_layers, "--layers"),
+        heads=parse_index_list(options.heads, n_heads, "--heads"),
+        positions=options.positions,
+        seed=options.seed,
+        stats_s=options.stats_s,
+        progress=progress,
+    )
+    del loaded
+    certify_file(
+        rows_dir,
+        results,
+        options.s_values,
+        CertifyOptions(solver=options.solver, time_limit=options.time_limit, seed=options.seed),
+        workers=options.workers,
+        progress=progress,
+    )
+    return build_report(results, report_dir, seed=options.seed, command=command)

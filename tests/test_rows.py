@@ -1,0 +1,108 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from forcedweight import rows
+
+
+def _table(n_rows=5, n=6, d=2, seed=0, with_id=True):
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n_rows):
+        w = rng.random(n)
+        recs.append({"weights": (w / w.sum()).tolist(), "values": rng.normal(size=n * d).tolist(),
+                     "value_dim": d, "layer": i % 3, "my_extra": f"x{i}"})
+        if with_id:
+            recs[-1]["row_id"] = 100 + i
+    return rows.make_row_table(recs)
+
+
+def test_stream_directory_in_row_groups_and_carry_unknown_columns(tmp_path):
+    pq.write_table(_table(7, seed=1, with_id=False), tmp_path / "a.parquet", row_group_size=3)
+    pq.write_table(_table(4, seed=2, with_id=False), tmp_path / "b.parquet", row_group_size=2)
+    # a dump's sidecars are not rows
+    pq.write_table(pa.table({"text_id": [0], "text": ["t"]}), tmp_path / "texts.parquet")
+    pq.write_table(pa.table({"row_id": [0]}), tmp_path / "stats-00000.parquet")
+    batches = list(rows.iter_batches(tmp_path))
+    assert [b.num_rows for _, _, b in batches] == [3, 3, 1, 2, 2]
+    got = list(rows.iter_rows(tmp_path))
+    assert [r.row_id for r in got] == list(range(11))  # position when row_id is absent
+    assert got[8].extra["my_extra"] == "x1"
+    assert rows.count_rows(tmp_path) == 11
+    r = got[0]
+    assert r.V.shape == (6, 2) and r.p.dtype == np.float64
+    assert r.p.sum() == pytest.approx(1.0, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "weights,values,dim,needle",
+    [
+        ([0.5, float("nan")], [1.0, 2.0], 1, "NaN"),
+        ([0.5, float("inf")], [1.0, 2.0], 1, "NaN or inf"),
+        ([0.5, -0.1], [1.0, 2.0], 1, "negative"),
+        ([0.0, 0.0], [1.0, 2.0], 1, "all zero"),
+        ([0.5, 0.5], [1.0, 2.0, 3.0], 1, "expected N*value_dim"),
+        ([0.5, 0.5], [1.0, float("nan")], 1, "values contain"),
+        ([], [], 1, "empty"),
+    ],
+)
+def test_bad_rows_name_the_row(weights, values, dim, needle):
+    with pytest.raises(rows.RowError) as exc:
+        rows.validate_row(weights, values, dim, row_id=42, source="f.parquet")
+    assert "row 42" in str(exc.value) and needle in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_skip_invalid_returns_invalid_rows(tmp_path):
+    t = rows.make_row_table([
+        {"row_id": 1, "weights": [0.5, 0.5], "values": [1.0, 2.0], "value_dim": 1},
+        {"row_id": 2, "weights": [0.5, -0.5], "values": [1.0, 2.0], "value_dim": 1},
+    ])
+    pq.write_table(t, tmp_path / "r.parquet")
+    with pytest.raises(rows.RowError, match="row 2"):
+        list(rows.iter_rows(tmp_path / "r.parquet"))
+    got = list(rows.iter_rows(tmp_path / "r.parquet", skip_invalid=True))
+    assert isinstance(got[1], rows.InvalidRow) and "negative" in got[1].reason
+
+
+def test_budget_validation():
+    rows.validate_budget(3, 3, 0)
+    with pytest.raises(rows.RowError, match="exceeds N"):
+        rows.validate_budget(4, 3, 7)
+    with pytest.raises(rows.RowError, match="below 1"):
+        rows.validate_budget(0, 3, 7)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(rows.InputError, match="no such file"):
+        list(rows.iter_batches(tmp_path / "missing.parquet"))
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(rows.InputError, match="junk.parquet: not a readable Parquet"):
+        list(rows.iter_batches(tmp_path / "junk.parquet"))
+    pq.write_table(pa.table({"weights": [[1.0]]}), tmp_path / "cols.parquet")
+    with pytest.raises(rows.InputError, match="missing required column"):
+        list(rows.iter_batches(tmp_path / "cols.parquet"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(rows.InputError, match="no .parquet files"):
+        rows.list_parquet_files(empty)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.parquet"
+    with pytest.raises(RuntimeError):
+        with rows.atomic_path(target) as tmp:
+            tmp.write_text("partial")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+    rows.write_table_atomic(_table(2), target)
+    assert pq.read_table(target).num_rows == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]
+
+
+def test_unwritable_destination(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(rows.InputError, match="cannot write"):
+        rows.write_table_atomic(_table(1), blocker / "sub" / "out.parquet")
