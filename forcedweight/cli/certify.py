@@ -1,0 +1,44 @@
+"""``forcedweight certify``: best kept subsets per (row, s), certified over all N keys (thin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from forcedweight.rows import InputError
+
+
+def certify(
+    rows: Path = typer.Argument(..., help="Rows: a Parquet file or a directory of them (SPEC §2)."),
+    s: List[int] = typer.Option(..., "--s", help="Budget (repeat for several: --s 4 --s 8)."),
+    out: Path = typer.Option(..., "--out", help="Results Parquet file (written atomically)."),
+    pool_mass: int = typer.Option(12, "--pool-mass", help="Top-mass keys beyond s in the candidate pool."),
+    pool_error: int = typer.Option(8, "--pool-error", help="Keys of largest single-key error in the pool."),
+    solver: str = typer.Option("auto", "--solver", help="auto (mitm on integral 1-D rows, else bnb), bnb, scip, cpsat or none."),
+    time_limit: float = typer.Option(10.0, "--time-limit", help="Solver seconds per (row, s)."),
+    workers: int = typer.Option(1, "--workers", help="Local worker processes."),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Record bad rows as status=invalid instead of stopping."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (runs the shards there)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random selector."),
+    max_subsets: int = typer.Option(20_000_000, "--max-subsets", help="Cap on C(pool, s); larger pools are shrunk."),
+    chunk_rows: int = typer.Option(64, "--chunk-rows", help="Rows per shard (unit of work and of resume)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
+) -> None:
+    """Find and certify the best kept subsets under forced weights; one output row per (row_id, s)."""
+    from forcedweight.certify import CertifyOptions, certify_file
+
+    try:
+        options = CertifyOptions(pool_mass=pool_mass, pool_error=pool_error, solver=solver,
+                                 time_limit=time_limit, seed=seed, max_subsets=max_subsets)
+        path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
+                            skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows)
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(path))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("certify")(certify)

@@ -1,0 +1,33 @@
+"""``forcedweight memory``: the memory audit (one selection stored as a mask over a full cache versus
+ragged), printed as a table; optional JSON output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def memory(
+    model: str = typer.Option("tiny", "--model", help="tiny (random test model), smollm2 (embedded), or a model directory / .gguf."),
+    tokens: int = typer.Option(512, "--tokens", help="Prompt length N (seeded random token ids)."),
+    budget: Optional[int] = typer.Option(None, "--budget", help="Kept entries per KV head (s)."),
+    ratio: Optional[float] = typer.Option(None, "--ratio", help="Kept fraction per KV head: s = round(ratio * N)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the token ids, the tiny model and the selection."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the audit as JSON here."),
+) -> None:
+    """Physical bytes of the same per-head selection: full cache, mask over the full cache, ragged cache."""
+    from forcedweight.deploy.memory import audit_memory, format_audit
+    from forcedweight.rows import atomic_path
+
+    result = audit_memory(model, tokens, budget=budget, ratio=ratio, seed=seed)
+    if out is not None:
+        with atomic_path(out) as tmp:
+            Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
+    typer.echo(format_audit(result))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("memory")(memory)

@@ -1,0 +1,103 @@
+"""The ``"forcedweight_ragged"`` attention function, registered with ``transformers.AttentionInterface``.
+
+With a :class:`~forcedweight.deploy.ragged_cache.RaggedKVCache` the layer's ``update`` returns a
+:class:`~forcedweight.deploy.ragged_cache.RaggedKV` view instead of dense tensors, and this function
+computes attention on it:
+
+- decode (query length 1): :func:`forcedweight.kernels.ragged_decode` over the packed segments
+  (Triton on CUDA, PyTorch on CPU), bias included;
+- prefill / several new tokens: causal attention with torch SDPA. With an empty past this is plain
+  causal attention over the prompt; after a past exists, each segment's kept entries (with their bias)
+  are padded to a common length and masked, and new token ``i`` also sees new tokens ``<= i``.
+
+Without a ragged cache (dense tensors) it falls back to transformers' SDPA attention. Padding masks are
+not supported (transformers builds no mask for a custom attention name): batch only equal-length prompts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from forcedweight.deploy.ragged_cache import RaggedKV
+from forcedweight.kernels import ragged_decode
+
+ATTENTION_NAME = "forcedweight_ragged"
+
+
+def ragged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention over a :class:`RaggedKV` view (see the module docstring).
+
+    Parameters
+    ----------
+    query : Tensor [B, Hq, L, D]
+    key, value : RaggedKV (ragged cache), or dense Tensors [B, Hkv, N, D] (fallback to SDPA)
+
+    Returns
+    -------
+    (out [B, L, Hq, Dv], None)
+    """
+    if not isinstance(key, RaggedKV):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    view = key
+    B, Hq, L, D = query.shape
+    scale = D**-0.5 if scaling is None else scaling
+    if L == 1:
+        out, _ = ragged_decode(
+            query[:, :, 0, :], view.k, view.v, view.indptr, view.bias, sm_scale=scale, check_indptr=False
+        )
+        return out.unsqueeze(1), None
+    return _prefill(query, view, scale), None
+
+
+def _prefill(query, view: RaggedKV, scale: float):
+    """Causal attention of L new tokens over each segment's past entries plus the new tokens."""
+    B, Hq, L, D = query.shape
+    S, Hkv = view.batch * view.kv_heads, view.kv_heads
+    G = Hq // Hkv
+    Dv = view.v.shape[1]
+    lengths = view.indptr[1:] - view.indptr[:-1]  # past + L per segment
+    past = lengths - L
+    P = int(past.max())
+    dev = query.device
+    # padded [S, P + L] slots: past entries left-aligned in [0, past_s), new tokens at [P, P + L)
+    slot = torch.arange(P + L, device=dev)
+    pos_in_seg = torch.where(slot[None, :] < P, slot[None, :], slot[None, :] - P + past[:, None])  # [S, P+L]
+    valid = (slot[None, :] < past[:, None]) | (slot[None, :] >= P)
+    src = (view.indptr[:-1, None] + pos_in_seg).clamp_max(max(view.k.shape[0] - 1, 0))
+    kp = view.k[src].masked_fill(~valid[..., None], 0)  # [S, P+L, D]
+    vp = view.v[src].masked_fill(~valid[..., None], 0)
+    q = query.reshape(S, G, L, D)
+    if P == 0:
+        out = F.scaled_dot_product_attention(
+            q, kp[:, None].expand(S, G, L, D), vp[:, None].expand(S, G, L, Dv), is_causal=True, scale=scale
+        )
+    else:
+        causal = slot[None, :] <= (P + torch.arange(L, device=dev))[:, None]  # [L, P+L]
+        allowed = valid[:, None, :] & causal[None]  # [S, L, P+L]
+        mask = torch.zeros(S, L, P + L, dtype=query.dtype, device=dev)
+        if view.bias is not None:
+            mask = mask + view.bias[src].masked_fill(~valid, 0).to(query.dtype)[:, None, :]
+        mask = mask.masked_fill(~allowed, float("-inf"))
+        out = F.scaled_dot_product_attention(
+            q, kp[:, None].expand(S, G, P + L, D), vp[:, None].expand(S, G, P + L, Dv),
+            attn_mask=mask[:, None], scale=scale,
+        )
+    return out.reshape(B, Hq, L, Dv).transpose(1, 2).contiguous()
+
+
+def register() -> str:
+    """Register the attention function with ``transformers.AttentionInterface``; return its name."""
+    AttentionInterface.register(ATTENTION_NAME, ragged_attention_forward)
+    return ATTENTION_NAME
+
+
+def use_ragged_attention(model):
+    """Register the function and switch ``model`` to it (no change to the model's classes)."""
+    model.set_attn_implementation(register())
+    return model
+
+
+register()

@@ -1,0 +1,137 @@
+"""Memory audit: one per-head selection of cache entries stored two ways, measured in physical bytes.
+
+- **masked**: the full K/V tensors plus a bool mask [B, Hkv, N] per layer marking the kept entries
+  (what mask-based eviction pipelines hold: the evicted entries never leave memory);
+- **ragged**: :class:`~forcedweight.deploy.ragged_cache.RaggedKVCache` after ``evict`` (only the kept
+  entries, packed, plus an int64 ``indptr`` per layer).
+
+Bytes are the sizes of the storages actually held (``untyped_storage().nbytes()``), not shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
+from forcedweight.rows import InputError
+
+
+def recency_random_selection(n: int, s: int, segments: int, seed: int) -> list[np.ndarray]:
+    """Per segment: the last ``s // 4`` positions (recency floor) plus a seeded random draw of the rest.
+
+    Returns ``segments`` sorted int64 arrays of ``min(s, n)`` distinct positions in ``[0, n)``.
+    The audit's byte counts depend only on how many entries are kept, not on which.
+    """
+    rng = np.random.default_rng(seed)
+    s = min(s, n)
+    floor = s // 4
+    out = []
+    for _ in range(segments):
+        recent = np.arange(n - floor, n)
+        rest = rng.choice(n - floor, size=s - floor, replace=False)
+        out.append(np.sort(np.concatenate([rest, recent])).astype(np.int64))
+    return out
+
+
+def ragged_from_dense(dense_cache) -> RaggedKVCache:
+    """A :class:`RaggedKVCache` holding a copy of every layer of a transformers ``DynamicCache``."""
+    cache = RaggedKVCache()
+    for i, layer in enumerate(dense_cache.layers):
+        cache.update(layer.keys, layer.values, i)
+    return cache
+
+
+def _load(model, seed: int, tokens: int):
+    if not isinstance(model, str):
+        return model, getattr(model, "name_or_path", type(model).__name__)
+    if model == "tiny":
+        from forcedweight.models import tiny_llama
+
+        return tiny_llama(seed, max_positions=max(512, tokens)), "tiny"
+    from forcedweight.models import load_model
+
+    loaded = load_model(model)
+    return loaded.model, loaded.name
+
+
+def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, ratio: float | None = None,
+                 seed: int = 0, batch: int = 1) -> dict:
+    """Prefill ``tokens`` seeded random token ids, select ``budget`` entries per (batch, KV head) in every
+    layer, and measure the full, masked and ragged storage of that selection.
+
+    Parameters
+    ----------
+    model : "tiny", "smollm2", a model directory / .gguf path, or a loaded transformers causal LM.
+    tokens : prompt length N.
+    budget : kept entries per KV head (s); or ``ratio`` in (0, 1]: s = round(ratio * N).
+    seed : seeds the token ids, the tiny model and the selection.
+
+    Returns
+    -------
+    dict with ``model, tokens, batch, layers, kv_heads, head_dim, dtype, budget, kept_entries,
+    full_bytes, mask_bytes, masked_bytes, ragged_bytes, ragged_nominal_bytes, ragged_metadata_bytes,
+    ragged_over_full, ragged_over_masked``.
+    """
+    from transformers import DynamicCache
+
+    if tokens < 1:
+        raise InputError(f"--tokens: must be at least 1, got {tokens}")
+    if (budget is None) == (ratio is None):
+        raise InputError("give exactly one of --budget or --ratio")
+    if ratio is not None:
+        if not 0 < ratio <= 1:
+            raise InputError(f"--ratio: must be in (0, 1], got {ratio}")
+        budget = max(1, round(ratio * tokens))
+    if budget < 1:
+        raise InputError(f"--budget: must be at least 1, got {budget}")
+    budget = min(budget, tokens)
+    lm, name = _load(model, seed, tokens)
+    vocab = lm.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=g).to(lm.device)
+    dense = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(input_ids=ids, cache=dense, use_cache=True)
+    layers = len(dense.layers)
+    B, Hkv, N, D = dense.layers[0].keys.shape
+    full_tensors = [t for layer in dense.layers for t in (layer.keys, layer.values)]
+    full_bytes = physical_bytes(full_tensors)
+
+    ragged = ragged_from_dense(dense)
+    masks = []
+    for i in range(layers):
+        keep = recency_random_selection(N, budget, B * Hkv, seed + 1 + i)
+        mask = torch.zeros(B, Hkv, N, dtype=torch.bool, device=lm.device)
+        mask.view(B * Hkv, N)[torch.arange(B * Hkv).repeat_interleave(len(keep[0])), torch.from_numpy(np.concatenate(keep))] = True
+        masks.append(mask)
+        ragged.evict(i, [torch.from_numpy(k) for k in keep])
+    mask_bytes = physical_bytes(masks)
+    masked_bytes = physical_bytes(full_tensors + masks)
+    ragged_bytes = ragged.physical_bytes()
+    nominal = ragged.nominal_bytes()
+    return {
+        "model": name, "tokens": N, "batch": B, "layers": layers, "kv_heads": Hkv, "head_dim": D,
+        "dtype": str(dense.layers[0].keys.dtype).replace("torch.", ""), "budget": budget,
+        "kept_entries": ragged.entries(), "full_bytes": full_bytes, "mask_bytes": mask_bytes,
+        "masked_bytes": masked_bytes, "ragged_bytes": ragged_bytes, "ragged_nominal_bytes": nominal,
+        "ragged_metadata_bytes": ragged_bytes - nominal,
+        "ragged_over_full": ragged_bytes / full_bytes, "ragged_over_masked": ragged_bytes / masked_bytes,
+    }
+
+
+def format_audit(result: dict) -> str:
+    """The audit as a plain-text table (bytes and ratios to the full cache)."""
+    full = result["full_bytes"]
+    lines = [
+        f"model {result['model']}: {result['layers']} layers x {result['kv_heads']} KV heads x head dim "
+        f"{result['head_dim']} ({result['dtype']}), batch {result['batch']}, {result['tokens']} tokens, "
+        f"budget {result['budget']} per head ({result['kept_entries']} entries kept)",
+        f"{'storage':<28}{'bytes':>14}{'vs full':>10}",
+    ]
+    for label, key in (("full cache", "full_bytes"), ("masked (full + bool mask)", "masked_bytes"),
+                       ("ragged (after evict)", "ragged_bytes"), ("  of which kept K/V", "ragged_nominal_bytes"),
+                       ("  of which metadata", "ragged_metadata_bytes")):
+        lines.append(f"{label:<28}{result[key]:>14,}{result[key] / full:>10.4f}")
+    lines.append(f"ragged / masked = {result['ragged_over_masked']:.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,178 @@
+"""Triton split-K flash decoding over the ragged per-(batch, KV head) layout.
+
+Stage 1 (grid: segments × splits): each program walks one split of one segment in tiles of
+``BLOCK_N`` entries; every K/V tile is loaded once and serves all G query heads of the group
+(logits are a [G_PAD, BLOCK_N] ``tl.dot``); an online softmax in float32 gives the split's normalised
+partial output and its log-sum-exp. Stage 2 (grid: segments) merges the splits by log-sum-exp.
+Optional per-entry bias [T] float32 is added to the scaled logits. Empty splits and empty segments
+give lse = -inf and contribute nothing (an empty segment's output is 0).
+
+Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests exercise it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _split_kernel(
+    Q, K, V, Bias, Indptr, OutP, LseP,
+    sm_scale, num_splits,
+    stride_k, stride_v,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, LOW_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    split = tl.program_id(1)
+    start = tl.load(Indptr + seg).to(tl.int64)
+    end = tl.load(Indptr + seg + 1).to(tl.int64)
+    length = end - start
+    tiles = tl.cdiv(length, BLOCK_N)
+    tiles_per_split = tl.cdiv(tiles, num_splits)
+    lo = start + split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(lo + tiles_per_split * BLOCK_N, end)
+
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < G
+    q_rows = seg * G + offs_g
+    q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=g_mask[:, None] & (offs_d[None, :] < D), other=0.0)
+
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        rows = n0 + offs_n
+        n_mask = rows < hi
+        kt = tl.load(K + rows[:, None] * stride_k + offs_d[None, :], mask=n_mask[:, None] & (offs_d[None, :] < D), other=0.0)
+        if DOT_FP32:
+            qk = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
+        elif LOW_PRECISION:
+            qk = tl.dot(q, tl.trans(kt))
+        else:
+            qk = tl.dot(q, tl.trans(kt), input_precision="ieee")
+        qk = qk * sm_scale
+        if HAS_BIAS:
+            bt = tl.load(Bias + rows, mask=n_mask, other=0.0)
+            qk = qk + bt[None, :]
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(qk - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(V + rows[:, None] * stride_v + offs_dv[None, :], mask=n_mask[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        if DOT_FP32:
+            pv = tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
+        elif LOW_PRECISION:
+            pv = tl.dot(p.to(vt.dtype), vt)
+        else:
+            pv = tl.dot(p, vt, input_precision="ieee")
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    live = l_i > 0
+    out = acc / tl.where(live, l_i, 1.0)[:, None]
+    lse = tl.where(live, m_i + tl.log(tl.where(live, l_i, 1.0)), float("-inf"))
+    part = (seg * num_splits + split) * G + offs_g
+    tl.store(OutP + part[:, None] * DV + offs_dv[None, :], out, mask=g_mask[:, None] & (offs_dv[None, :] < DV))
+    tl.store(LseP + part, lse, mask=g_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    OutP, LseP, Out, Lse, num_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    offs_g = tl.arange(0, G_PAD)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    g_mask = offs_g < G
+    o_mask = g_mask[:, None] & (offs_dv[None, :] < DV)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+    for s in range(0, num_splits):
+        part = (seg * num_splits + s) * G + offs_g
+        lse_s = tl.load(LseP + part, mask=g_mask, other=float("-inf"))
+        o_s = tl.load(OutP + part[:, None] * DV + offs_dv[None, :], mask=o_mask, other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_use)
+        w = tl.exp(lse_s - m_use)
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        l = l * alpha + w
+        m = m_new
+    live = l > 0
+    out = acc / tl.where(live, l, 1.0)[:, None]
+    lse = tl.where(live, m + tl.log(tl.where(live, l, 1.0)), float("-inf"))
+    rows = seg * G + offs_g
+    tl.store(Out + rows[:, None] * DV + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(Lse + rows, lse, mask=g_mask)
+
+
+def _interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1``: the interpreter's bfloat16 ``tl.dot`` is wrong (Triton 3.9), so
+    bfloat16 tiles are widened to float32 first (exact: a bf16×bf16 product fits in float32)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def choose_num_splits(num_segments: int, max_len: int, block_n: int, device: torch.device) -> int:
+    """Splits per segment so that segments × splits fills the device (about 4 programs per SM),
+    never more splits than tiles of the longest segment."""
+    if device.type == "cuda":
+        programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        programs = 8
+    tiles = max(1, triton.cdiv(max_len, block_n))
+    return int(max(1, min(tiles, triton.cdiv(programs, max(1, num_segments)), 256)))
+
+
+def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=None, block_n=None):
+    """Triton split-K decode; arguments and returns as :func:`forcedweight.kernels.ragged_decode`
+    (inputs assumed validated). ``num_splits`` and ``block_n`` override the launch choice."""
+    B, Hq, D = q.shape
+    S = indptr.numel() - 1
+    G = Hq // (S // B)
+    T, DV = v.shape
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    q = q.contiguous()
+    if k.stride(1) != 1:
+        k = k.contiguous()
+    if v.stride(1) != 1:
+        v = v.contiguous()
+    indptr = indptr.to(torch.int64).contiguous()
+    if block_n is None:
+        block_n = 64 if max(D, DV) <= 128 else 32
+    if num_splits is None:  # reads the longest segment on the host; pass num_splits to avoid the sync
+        max_len = int((indptr[1:] - indptr[:-1]).max()) if S > 0 else 0
+        num_splits = choose_num_splits(S, max_len, block_n, q.device)
+    g_pad = max(16, triton.next_power_of_2(G))
+    out_p = torch.empty(S * num_splits * G, DV, dtype=torch.float32, device=q.device)
+    lse_p = torch.empty(S * num_splits * G, dtype=torch.float32, device=q.device)
+    out = torch.empty(B, Hq, DV, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device)
+    has_bias = bias is not None
+    bias_t = bias.to(torch.float32).contiguous() if has_bias else lse_p  # dummy pointer when absent
+    _split_kernel[(S, num_splits)](
+        q, k, v, bias_t, indptr, out_p, lse_p,
+        scale, num_splits, k.stride(0), v.stride(0),
+        G=G, G_PAD=g_pad, D=D, BLOCK_D=triton.next_power_of_2(D),
+        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), BLOCK_N=block_n,
+        HAS_BIAS=has_bias, LOW_PRECISION=q.dtype != torch.float32,
+        DOT_FP32=q.dtype == torch.bfloat16 and _interpreting(),
+    )
+    _merge_kernel[(S,)](
+        out_p, lse_p, out, lse, num_splits,
+        G=G, G_PAD=g_pad, DV=DV, BLOCK_DV=triton.next_power_of_2(DV),
+    )
+    return out, lse

@@ -1,0 +1,421 @@
+"""Bias–variance study of probabilistic eviction on real attention trajectories (paper 000, §6, App. F).
+
+A trajectory is one (text, layer, KV head) of an all-positions dump: the attention of every query row
+t' = 0..L-1 of each query head of the group over the entries 0..t', and the group's values (and keys).
+At an eviction position t the cache holds the n = t + 1 entries 0..t; each method keeps some of them:
+
+- ``topk``: the round((1 - r) n) entries of largest proposal probability (ties: lower index first);
+- ``sampled``: m draws from the proposal (m from Algorithm 2 for j* = (1 - r) n), the unique entries
+  kept, no correction (the kept logits renormalised, as deployed methods do);
+- ``corrected``: the same draws with the logit bias ``log(c_i / (m pi_i)) / tau``.
+
+Every later row t' > t attends over the kept pre-t entries plus every entry written after t, exactly;
+the error is ``||o_evicted - o_dense||_2`` against the row's dense output. Under GQA the query heads of
+a KV group share one cache, so they share one proposal (the mixture of their proposals), one kept set
+and one bias; the error is measured for each query head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from forcedweight.probabilistic.correction import corrected_output, correction_bias
+from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
+from forcedweight.probabilistic.sampling import expected_unique, global_sample_count, sample, sample_count
+from forcedweight.rows import InputError, iter_batches, list_parquet_files, read_table
+
+DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_TAUS = (1.0, 2.0, 3.0, 4.0, 5.0)
+
+
+@dataclass
+class Trajectory:
+    """One KV group's trajectory.
+
+    Attributes
+    ----------
+    text_id, layer, kv_head : int
+    heads : list[int], the G query heads of the group.
+    attn : ndarray (G, L, L) float64, ``attn[g, t', i]`` = weight of row t' on entry i (0 for i > t').
+    values : ndarray (L, d_v) float64.
+    keys : ndarray (L, d_k) float64 or None.
+    """
+
+    text_id: int
+    layer: int
+    kv_head: int
+    heads: list[int]
+    attn: np.ndarray
+    values: np.ndarray
+    keys: np.ndarray | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.attn.shape[1])
+
+
+@dataclass
+class StudyConfig:
+    """Options of the study (see :func:`run_study`)."""
+
+    ratios: tuple[float, ...] = DEFAULT_RATIOS
+    taus: tuple[float, ...] = DEFAULT_TAUS
+    seeds: int = 8
+    proposals: tuple[str, ...] = ("h2o", "snapkv", "knorm", "streaming", "uniform")
+    evict_at: tuple[float, ...] = (0.5,)
+    temperature: float = 1.0
+    mix: float = 0.0
+    snapkv_window: int = 8
+    snapkv_kernel: int = 5
+    sinks: int = 4
+    streaming_floor: float = 0.01
+    share_gqa: bool = True
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        if not self.ratios or any(not (0 < r < 1) for r in self.ratios):
+            raise InputError(f"--ratios: every ratio must lie in (0, 1), got {list(self.ratios)}")
+        if not self.taus or any(not (t > 0) for t in self.taus):
+            raise InputError(f"--taus: every tau must be > 0, got {list(self.taus)}")
+        if self.seeds < 1:
+            raise InputError(f"--seeds must be >= 1, got {self.seeds}")
+        bad = [p for p in self.proposals if p not in PROPOSALS]
+        if bad or not self.proposals:
+            raise InputError(f"--proposal: unknown {bad or 'none given'} (choose from {', '.join(PROPOSALS)})")
+        if not self.evict_at or any(not (0 < f < 1) for f in self.evict_at):
+            raise InputError(f"--evict-at: fractions of the length in (0, 1), got {list(self.evict_at)}")
+
+
+# ----------------------------------------------------------------------------------------------- loading
+_META = ["text_id", "layer", "head", "kv_head", "query_pos"]
+
+
+def row_files(rows: str | Path) -> list[Path]:
+    """The row shards of a dump: a Parquet file, or the ``rows-*.parquet`` of a dump directory (its
+    ``texts.parquet`` and ``stats-*.parquet`` are not rows), or every Parquet file of a directory."""
+    path = Path(rows)
+    if path.is_dir():
+        shards = sorted(p for p in path.rglob("rows-*.parquet") if p.is_file())
+        if shards:
+            return shards
+    return list_parquet_files(path)
+
+
+def load_trajectories(rows: str | Path) -> list[Trajectory]:
+    """Group an all-positions dump (``dump --all-positions``, ``--with-keys`` for K-norm) into trajectories.
+
+    Position 0 (whose row is the single weight 1 on entry 0) may be absent, as ``dump`` skips it.
+    Raises InputError when provenance columns are missing or a (text, layer, head) lacks a position.
+    """
+    files = row_files(rows)
+    metas = [read_table(f, columns=_META) for f in files]
+    for f, meta in zip(files, metas):
+        missing = [c for c in _META if c not in meta.column_names]
+        if missing:
+            raise InputError(f"{f}: rows lack provenance column(s) {', '.join(missing)}")
+    groups: dict[tuple, dict] = {}
+    for meta in metas:
+        cols = {c: meta.column(c).to_numpy(zero_copy_only=False).astype(np.int64) for c in _META}
+        for i in range(meta.num_rows):
+            key = (cols["text_id"][i], cols["layer"][i], cols["kv_head"][i])
+            g = groups.setdefault(key, {})
+            g.setdefault(cols["head"][i], set()).add(cols["query_pos"][i])
+    trajs: dict[tuple, Trajectory] = {}
+    for key, g in groups.items():
+        length = 1 + max(max(p) for p in g.values())
+        for h, pos in g.items():
+            if len(pos - {0}) != length - 1:
+                raise InputError(
+                    f"{rows}: text {key[0]} layer {key[1]} head {h} has {len(pos - {0})} of the {length - 1} "
+                    "query positions 1..L-1; the study needs a dump with --all-positions"
+                )
+        heads = sorted(int(h) for h in g)
+        attn = np.zeros((len(heads), length, length))
+        attn[:, 0, 0] = 1.0  # row 0 sees entry 0 only
+        trajs[key] = Trajectory(int(key[0]), int(key[1]), int(key[2]), heads, attn, np.zeros((0, 0)))
+    want = _META + ["weights", "values", "value_dim", "keys"]
+    for file in files:
+        for _, _, batch in iter_batches(file, columns=want):
+            data = batch.to_pydict()
+            for i in range(batch.num_rows):
+                key = (data["text_id"][i], data["layer"][i], data["kv_head"][i])
+                tr = trajs[key]
+                pos = int(data["query_pos"][i])
+                w = np.asarray(data["weights"][i], dtype=np.float64)
+                where = f"{file}: text {key[0]} layer {key[1]} head {data['head'][i]} query_pos {pos}"
+                if w.size != pos + 1:
+                    raise InputError(f"{where}: {w.size} weights, expected {pos + 1}")
+                if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
+                    raise InputError(f"{where}: weights are not a distribution (NaN/inf, negative or all zero)")
+                tr.attn[tr.heads.index(int(data["head"][i])), pos, : pos + 1] = w / w.sum()
+                if pos == tr.length - 1 and tr.values.size == 0:
+                    d = int(data["value_dim"][i])
+                    tr.values = np.asarray(data["values"][i], dtype=np.float64).reshape(pos + 1, d)
+                    k = data.get("keys", [None] * batch.num_rows)[i]
+                    if k is not None:
+                        tr.keys = np.asarray(k, dtype=np.float64).reshape(pos + 1, -1)
+    out = [trajs[k] for k in sorted(trajs)]
+    for tr in out:
+        if not np.all(np.isfinite(tr.values)) or (tr.keys is not None and not np.all(np.isfinite(tr.keys))):
+            raise InputError(f"{rows}: text {tr.text_id} layer {tr.layer}: values or keys contain NaN or inf")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- methods
+def group_proposal(tr: Trajectory, t: int, name: str, cfg: StudyConfig, target: float) -> np.ndarray:
+    """The proposal of the group at eviction position t over its n = t + 1 entries, shape (n,)."""
+    n = t + 1
+    keys = None if tr.keys is None else tr.keys[:n]
+    recent = max(0, int(round(target)) - cfg.sinks)
+    pis = [
+        make_proposal(name, tr.attn[g, :n, :n], keys, cfg.temperature, cfg.mix, cfg.snapkv_window,
+                      cfg.snapkv_kernel, cfg.sinks, recent, cfg.streaming_floor)
+        for g in range(len(tr.heads))
+    ]
+    return gqa_mixture(np.stack(pis))
+
+
+def topk_set(pi: np.ndarray, k: int) -> np.ndarray:
+    """The k entries of largest probability (ties: lower index first), sorted."""
+    return np.sort(np.argsort(-pi, kind="stable")[:k])
+
+
+def _stats(outs: np.ndarray, dense: np.ndarray) -> dict:
+    """Error statistics of outputs (S, Q, d) against dense (Q, d): mean error over seeds and rows, and
+    the bias² / variance split of the mean squared error (mse = bias2 + variance, per row, averaged)."""
+    err = np.linalg.norm(outs - dense, axis=-1)  # (S, Q)
+    scale = np.maximum(np.linalg.norm(dense, axis=-1), 1e-30)
+    mean = outs.mean(axis=0)
+    bias2 = np.sum((mean - dense) ** 2, axis=-1)
+    var = np.mean(np.sum((outs - mean) ** 2, axis=-1), axis=0)
+    return dict(error=float(err.mean()), rel_error=float((err / scale).mean()), mse=float((err**2).mean()),
+                bias2=float(bias2.mean()), variance=float(var.mean()))
+
+
+def split_heads(tr: Trajectory) -> list[Trajectory]:
+    """One single-head trajectory per query head (each head with its own proposal and kept set)."""
+    return [Trajectory(tr.text_id, tr.layer, tr.kv_head, [h], tr.attn[g : g + 1], tr.values, tr.keys)
+            for g, h in enumerate(tr.heads)]
+
+
+def study_trajectory(tr: Trajectory, cfg: StudyConfig) -> list[dict]:
+    """All methods, ratios, proposals and taus on one trajectory; one record per query head and setting."""
+    if not cfg.share_gqa and len(tr.heads) > 1:
+        return [rec for one in split_heads(tr) for rec in study_trajectory(one, cfg)]
+    records: list[dict] = []
+    L = tr.length
+    for t in sorted({min(L - 2, max(0, int(f * L))) for f in cfg.evict_at}):
+        if t < 0 or L - t - 1 < 1:
+            continue
+        n = t + 1
+        with np.errstate(divide="ignore"):
+            logw = np.log(tr.attn[:, t + 1 :, :])  # (G, Q, L): -inf where a row cannot see
+        pre, post = logw[..., :n], logw[..., n:]
+        G, Q = logw.shape[0], logw.shape[1]
+        pre_all, post_all = pre.reshape(G * Q, n), post.reshape(G * Q, L - n)
+        dense = tr.attn[:, t + 1 :, :] @ tr.values  # (G, Q, d)
+        vpre, vpost = tr.values[:n], tr.values[n:]
+        for pi_idx, name in enumerate(cfg.proposals):
+            if name == "knorm" and tr.keys is None:
+                raise InputError("proposal knorm needs keys: dump with --with-keys")
+            fixed = None if name == "streaming" else group_proposal(tr, t, name, cfg, 0.0)
+            for r_idx, r in enumerate(cfg.ratios):
+                target = (1.0 - r) * n
+                pi = fixed if fixed is not None else group_proposal(tr, t, name, cfg, target)
+                base = dict(text_id=tr.text_id, layer=tr.layer, kv_head=tr.kv_head, evict_pos=t, n_pre=n,
+                            n_later=L - t - 1, proposal=name, ratio=r)
+                k = max(1, int(round(target)))
+                kept = topk_set(pi, k)
+                top = corrected_output(pre_all, vpre, kept, None, post_all, vpost).reshape(dense.shape)
+                for g, h in enumerate(tr.heads):
+                    out = top[g][None]
+                    records.append(dict(base, head=h, method="topk", tau=None, m=None, kept=float(k),
+                                        status="ok", **_stats(out, dense[g])))
+                try:
+                    m = sample_count(pi, target)
+                except InputError as exc:
+                    for g, h in enumerate(tr.heads):
+                        for method in ("sampled", "corrected"):
+                            records.append(dict(base, head=h, method=method, tau=None, m=None, kept=None,
+                                                status=f"unreachable: {exc}"))
+                    continue
+                taus = [float("inf")] + [float(x) for x in cfg.taus]
+                outs = np.zeros((len(taus), len(tr.heads), cfg.seeds) + dense.shape[1:])
+                n_kept = []
+                for s in range(cfg.seeds):
+                    rng = np.random.default_rng([cfg.seed, s, tr.text_id, tr.layer, tr.kv_head, t, r_idx, pi_idx])
+                    kept_s, counts = sample(pi, m, rng)
+                    n_kept.append(kept_s.size)
+                    for ti, tau in enumerate(taus):
+                        b = correction_bias(counts, pi[kept_s], m, tau)
+                        o = corrected_output(pre_all, vpre, kept_s, b, post_all, vpost)  # all heads at once
+                        outs[ti, :, s] = o.reshape(outs.shape[1], outs.shape[3], outs.shape[4])
+                for ti, tau in enumerate(taus):
+                    method = "sampled" if np.isinf(tau) else "corrected"
+                    for g, h in enumerate(tr.heads):
+                        records.append(dict(base, head=h, method=method, tau=None if np.isinf(tau) else tau,
+                                            m=float(m), kept=float(np.mean(n_kept)), status="ok",
+                                            **_stats(outs[ti, g], dense[g])))
+    return records
+
+
+def compression_table(trajs: list[Trajectory], cfg: StudyConfig) -> list[dict]:
+    """Paper 000 Table 1: target ratio versus the compression achieved by one global m.
+
+    For each text and eviction position, the proposals of every (layer, KV group) share one m
+    (:func:`global_sample_count`); each seed draws every group once. One record per
+    (text, position, proposal, ratio, seed) with the effective ratio ``mean_g (1 - k_g / n)`` and its
+    spread over groups (layerwise compression is uneven).
+    """
+    by_text: dict[int, list[Trajectory]] = {}
+    for tr in trajs:
+        by_text.setdefault(tr.text_id, []).append(tr)
+    out = []
+    for text_id, group in sorted(by_text.items()):
+        L = min(tr.length for tr in group)
+        for t in sorted({min(L - 2, max(0, int(f * L))) for f in cfg.evict_at}):
+            n = t + 1
+            for pi_idx, name in enumerate(cfg.proposals):
+                if name == "knorm" and any(tr.keys is None for tr in group):
+                    continue
+                fixed = None if name == "streaming" else [group_proposal(tr, t, name, cfg, 0.0) for tr in group]
+                for r_idx, r in enumerate(cfg.ratios):
+                    pis = fixed or [group_proposal(tr, t, name, cfg, (1 - r) * n) for tr in group]
+                    base = dict(text_id=text_id, evict_pos=t, n_pre=n, proposal=name, target_ratio=r,
+                                groups=len(pis))
+                    try:
+                        m = global_sample_count(pis, r)
+                    except InputError as exc:
+                        out.append(dict(base, status=f"unreachable: {exc}"))
+                        continue
+                    expected = 1 - float(np.mean([expected_unique(p, m) for p in pis])) / n
+                    for s in range(cfg.seeds):
+                        rng = np.random.default_rng([cfg.seed, s, text_id, t, r_idx, pi_idx, 7])
+                        ratios = np.array([1 - sample(p, m, rng)[0].size / n for p in pis])
+                        out.append(dict(base, seed=s, m=m, expected_ratio=expected,
+                                        effective_ratio=float(ratios.mean()), group_ratio_min=float(ratios.min()),
+                                        group_ratio_max=float(ratios.max()), status="ok"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- driver
+RECORD_SCHEMA = {
+    "text_id": "Int64", "layer": "Int64", "head": "Int64", "kv_head": "Int64", "evict_pos": "Int64",
+    "n_pre": "Int64", "n_later": "Int64", "proposal": "Utf8", "ratio": "Float64", "method": "Utf8",
+    "tau": "Float64", "m": "Float64", "kept": "Float64", "status": "Utf8", "error": "Float64",
+    "rel_error": "Float64", "mse": "Float64", "bias2": "Float64", "variance": "Float64",
+}
+
+
+def _frame(records: list[dict], schema: dict[str, str]):
+    import polars as pl
+
+    types = {k: getattr(pl, v) for k, v in schema.items()}
+    cols = {k: [r.get(k) for r in records] for k in schema}
+    return pl.DataFrame(cols, schema=types)
+
+
+def run_study(
+    rows_dir: str | Path,
+    out_dir: str | Path,
+    cfg: StudyConfig | None = None,
+    command: str = "",
+    progress: bool = True,
+) -> Path:
+    """Run the whole study on an all-positions dump and write its outputs into ``out_dir``.
+
+    Writes ``records`` (one per text, layer, head, position, proposal, ratio, method, tau),
+    ``summary`` (means per proposal, method, tau, ratio), ``compression_draws`` and ``compression``
+    (Table 1) as Parquet and CSV; figures ``error_vs_ratio``, ``error_vs_tau``,
+    ``bias_variance_vs_tau``, ``effective_compression`` as PNG and PDF; and ``report.md``.
+    Every file is written atomically. Returns ``out_dir``.
+    """
+    from forcedweight.probabilistic import study_outputs as so
+
+    cfg = cfg or StudyConfig()
+    cfg.check()
+    trajs = load_trajectories(rows_dir)
+    if not trajs:
+        raise InputError(f"{rows_dir}: no trajectories")
+    if "knorm" in cfg.proposals and any(tr.keys is None for tr in trajs):
+        raise InputError(f"{rows_dir}: proposal knorm needs keys; dump with --with-keys or drop --proposal knorm")
+    short = [tr for tr in trajs if tr.length < 3]
+    if short:
+        raise InputError(f"{rows_dir}: text {short[0].text_id} has {short[0].length} positions; need at least 3")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    if progress:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("probabilistic study", total=len(trajs))
+            for tr in trajs:
+                records += study_trajectory(tr, cfg)
+                bar.advance(task)
+    else:
+        for tr in trajs:
+            records += study_trajectory(tr, cfg)
+    rec = _frame(records, RECORD_SCHEMA)
+    comp = _frame(compression_table(trajs, cfg), {
+        "text_id": "Int64", "evict_pos": "Int64", "n_pre": "Int64", "proposal": "Utf8",
+        "target_ratio": "Float64", "groups": "Int64", "seed": "Int64", "m": "Float64",
+        "expected_ratio": "Float64", "effective_ratio": "Float64", "group_ratio_min": "Float64",
+        "group_ratio_max": "Float64", "status": "Utf8"})
+    summary = so.summarise(rec)
+    comp_summary = so.compression_summary(comp)
+    so.write_frame(rec, out, "records")
+    so.write_frame(summary, out, "summary")
+    so.write_frame(comp, out, "compression_draws")
+    if comp_summary.height:
+        so.write_frame(comp_summary, out, "compression")
+    so.figures(summary, comp_summary, out)
+    config_text = (
+        f"ratios {list(cfg.ratios)}, taus {list(cfg.taus)}, {cfg.seeds} seeds, proposals {list(cfg.proposals)}, "
+        f"eviction at {list(cfg.evict_at)} of each text, temperature {cfg.temperature}, mix {cfg.mix}, "
+        f"GQA-shared proposals: {cfg.share_gqa}."
+    )
+    so.write_report(out, rec, comp_summary, command or "run_study(...)", len(trajs), config_text)
+    return out
+
+
+def truncate_text(text: str, max_chars: int) -> str:
+    """The text cut at the last word boundary before ``max_chars`` characters (whole when shorter)."""
+    if len(text) <= max_chars:
+        return text
+    cut = text[:max_chars]
+    return cut[: cut.rfind(" ")] if " " in cut else cut
+
+
+def dump_and_study(
+    out_dir: str | Path,
+    model: str | None = "smollm2",
+    texts: list[str] | None = None,
+    n_texts: int = 2,
+    max_chars: int = 320,
+    layers: str | None = "1,15,29",
+    heads: str | None = None,
+    cfg: StudyConfig | None = None,
+    command: str = "",
+    progress: bool = True,
+) -> Path:
+    """One command for the whole study: dump every position (with keys) of a few layers of ``model`` over
+    the first ``n_texts`` built-in texts (each cut to ``max_chars`` characters) into ``out_dir/rows``,
+    then :func:`run_study` into ``out_dir``. Rerunning resumes the dump."""
+    from forcedweight.dumps import builtin_texts, dump_rows
+
+    cfg = cfg or StudyConfig()
+    cfg.check()
+    if n_texts < 1:
+        raise InputError(f"--texts: must be >= 1, got {n_texts}")
+    if max_chars < 16:
+        raise InputError(f"--max-chars: must be >= 16, got {max_chars}")
+    chosen = [truncate_text(t, max_chars) for t in (texts or builtin_texts())[:n_texts]]
+    rows = Path(out_dir) / "rows"
+    dump_rows(model, chosen, rows, layers=layers, heads=heads, all_positions=True, with_keys=True,
+              progress=progress)
+    return run_study(rows, out_dir, cfg, command=command, progress=progress)

@@ -1,0 +1,22 @@
+"""Top-mass: keep the s largest attention weights (SPEC §4); TOVA is the same rule on one row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from forcedweight.selectors.base import RowView, Selector
+
+
+class TopMass(Selector):
+    """Score = the weight ``p_i``; ties go to the lower index (as ``operator.top_mass_set``)."""
+
+    name = "top-mass"
+
+    def score(self, row: RowView, s: int | None = None) -> np.ndarray:
+        return row.p.copy()
+
+
+class TOVA(TopMass):
+    """TOVA keeps the keys the *current* query attends to most: on a single row, top-mass."""
+
+    name = "tova"

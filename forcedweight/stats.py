@@ -1,0 +1,310 @@
+"""Statistics for the paper (SPEC §5, §7): pure functions over float64 arrays.
+
+Every function takes plain arrays and returns plain numbers (in small named tuples); none reads
+or writes files. A statistic that is undefined for its input (too few values, one class only,
+constant input) comes back as ``nan`` with a ``note`` saying why, never as an exception.
+
+Definitions used throughout
+---------------------------
+- closable share ``kappa = (E(top) - ES*) / E(top)``; ``0`` when ``E(top) = 0`` (top-mass exact).
+- balancing recovery ``(E(top) - E(bal)) / (E(top) - ES*)``; undefined (``nan``) when the gap
+  ``E(top) - ES*`` is zero, since there is nothing to recover.
+- selector ratio ``E(selector) / ES*``; undefined (``nan``) when ``ES* = 0``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats as sps
+
+#: Minimum finite values for a bootstrap interval of a median.
+MIN_BOOTSTRAP = 2
+#: Elements (resamples x sample size) drawn per bootstrap batch; bounds memory to ~40 MB.
+BOOTSTRAP_BATCH_ELEMENTS = 5_000_000
+
+
+class MedianCI(NamedTuple):
+    """A median with its percentile-bootstrap interval; ``n`` finite values used."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+    note: str
+
+
+class AUCResult(NamedTuple):
+    """ROC AUC (Mann–Whitney) with a DeLong interval."""
+
+    auc: float
+    lo: float
+    hi: float
+    se: float
+    n_pos: int
+    n_neg: int
+    note: str
+
+
+class SpearmanResult(NamedTuple):
+    rho: float
+    pvalue: float
+    n: int
+    note: str
+
+
+def _finite(x) -> tuple[np.ndarray, int]:
+    x = np.asarray(x, dtype=np.float64).ravel()
+    keep = np.isfinite(x)
+    return x[keep], int(x.size - keep.sum())
+
+
+def bootstrap_batch(n: int, n_boot: int) -> int:
+    """Resamples per batch for a sample of size ``n`` (so that a batch holds <= 5e6 draws)."""
+    return int(max(1, min(n_boot, BOOTSTRAP_BATCH_ELEMENTS // max(n, 1))))
+
+
+def bootstrap_median_ci(x, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> MedianCI:
+    """Median of the finite values of ``x`` with a percentile-bootstrap interval.
+
+    The resampling is exactly that of ``scipy.stats.bootstrap(..., method="percentile",
+    vectorized=True, batch=bootstrap_batch(n, n_boot), rng=np.random.default_rng(seed))``:
+    per batch ``rng.integers(0, n, (batch, n))`` indices, the median of each resample, then
+    the linear-interpolated ``(1-level)/2`` and ``(1+level)/2`` quantiles. It is only faster
+    (no validation, no BCa machinery) and bounds memory with batches.
+
+    Parameters
+    ----------
+    x : array-like, shape (n,). NaN/inf values are dropped and counted in ``note``.
+    n_boot : number of bootstrap resamples.
+    seed : seed of ``numpy.random.default_rng``; the same seed gives the same interval.
+    level : two-sided confidence level.
+
+    Returns
+    -------
+    MedianCI(median, lo, hi, n, note); ``nan`` values with a note when fewer than 2 finite
+    values (no interval) or none at all (no median).
+    """
+    v, dropped = _finite(x)
+    n = v.size
+    notes = [f"{dropped} non-finite value(s) dropped"] if dropped else []
+    if n == 0:
+        return MedianCI(np.nan, np.nan, np.nan, 0, "; ".join(notes + ["no finite values"]))
+    med = float(np.median(v))
+    if n < MIN_BOOTSTRAP:
+        return MedianCI(med, np.nan, np.nan, n, "; ".join(notes + [f"n={n} < {MIN_BOOTSTRAP}: no interval"]))
+    rng = np.random.default_rng(seed)
+    batch = bootstrap_batch(n, n_boot)
+    meds = []
+    for k in range(0, n_boot, batch):
+        b = min(batch, n_boot - k)
+        idx = rng.integers(0, n, (b, n))
+        meds.append(np.median(v[idx], axis=-1))
+    theta = np.concatenate(meds)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(theta, [alpha, 1.0 - alpha])
+    return MedianCI(med, float(lo), float(hi), n, "; ".join(notes))
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval (no continuity correction) for ``k`` successes in ``n`` trials.
+
+    Same as ``scipy.stats.binomtest(k, n).proportion_ci(level, method="wilson")``;
+    ``(nan, nan)`` when ``n = 0``.
+    """
+    k, n = int(k), int(n)
+    if n <= 0:
+        return (np.nan, np.nan)
+    if not 0 <= k <= n:
+        raise ValueError(f"k={k} outside [0, n={n}]")
+    z = sps.norm.ppf(0.5 + level / 2.0)
+    phat = k / n
+    denom = 1.0 + z * z / n
+    centre = (phat + z * z / (2 * n)) / denom
+    half = z * np.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def wilson_median_upper_bound(x, level: float = 0.95) -> tuple[float, str]:
+    """Distribution-free upper bound on the population median of ``x`` via Wilson intervals.
+
+    The population median is at most ``t`` when the share of the population at or below ``t``
+    is at least 1/2. The bound is the smallest observed value ``t = x_(j)`` whose sample share
+    ``#{x_i <= t} / n`` has a Wilson ``level`` interval (two-sided) with lower end >= 1/2.
+
+    Returns ``(bound, note)``; ``nan`` with a note when no observed value qualifies (n < 4 at
+    95%, since even ``k = n`` then has a Wilson lower end below 1/2).
+    """
+    v, dropped = _finite(x)
+    n = v.size
+    if n == 0:
+        return np.nan, "no finite values"
+    v = np.sort(v)
+    # k(t) for each distinct t: number of values <= t (ties included)
+    uniq, cnt = np.unique(v, return_counts=True)
+    counts = np.cumsum(cnt)
+    z = sps.norm.ppf(0.5 + level / 2.0)
+    phat = counts / n
+    denom = 1.0 + z * z / n
+    lo = ((phat + z * z / (2 * n)) - z * np.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n))) / denom
+    ok = np.flatnonzero(lo >= 0.5)
+    note = f"{dropped} non-finite value(s) dropped" if dropped else ""
+    if ok.size == 0:
+        return np.nan, f"n={n} too small for a Wilson bound on the median"
+    return float(uniq[ok[0]]), note
+
+
+def closable_share(es_top, es_star) -> np.ndarray:
+    """``kappa = (E(top) - ES*) / E(top)``, 0 where ``E(top) = 0``; shapes (n,) -> (n,)."""
+    top = np.asarray(es_top, dtype=np.float64)
+    star = np.asarray(es_star, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = (top - star) / top
+    return np.where(top == 0, 0.0, k)
+
+
+def balancing_recovery(es_top, es_balance, es_star) -> np.ndarray:
+    """``(E(top) - E(bal)) / (E(top) - ES*)``; ``nan`` where the gap is zero (nothing to recover)."""
+    top = np.asarray(es_top, dtype=np.float64)
+    bal = np.asarray(es_balance, dtype=np.float64)
+    star = np.asarray(es_star, dtype=np.float64)
+    gap = top - star
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = (top - bal) / gap
+    return np.where(gap > 0, r, np.nan)
+
+
+def selector_ratio(es_sel, es_star) -> np.ndarray:
+    """``E(selector) / ES*``; ``nan`` where ``ES* = 0`` (the ratio is undefined)."""
+    sel = np.asarray(es_sel, dtype=np.float64)
+    star = np.asarray(es_star, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = sel / star
+    return np.where(star > 0, r, np.nan)
+
+
+def pessimistic_closable_share(es_top, es_best, lower_bound, status) -> np.ndarray:
+    """Closable share with every ``unsolved`` row counted as improved as far as its proof allows.
+
+    For ``unsolved`` rows the true ``ES*`` lies in ``[lower_bound, es_best]``; the pessimistic
+    (largest) closable share is ``(E(top) - max(lower_bound, 0)) / E(top)``, or 1 when no finite
+    lower bound was proved. Other rows keep ``(E(top) - es_best) / E(top)``. ``invalid`` rows
+    are ``nan``.
+    """
+    top = np.asarray(es_top, dtype=np.float64)
+    best = np.asarray(es_best, dtype=np.float64)
+    lb = np.asarray(lower_bound, dtype=np.float64)
+    st = np.asarray(status).astype(str)
+    lb_used = np.where(np.isfinite(lb), np.maximum(lb, 0.0), 0.0)
+    star = np.where(st == "unsolved", np.minimum(lb_used, best), best)
+    k = closable_share(top, star)
+    return np.where(st == "invalid", np.nan, k)
+
+
+def auc_mann_whitney(scores, labels, level: float = 0.95) -> AUCResult:
+    """ROC AUC of ``scores`` for ``labels`` (True = positive) with a DeLong interval.
+
+    ``AUC = U / (n1 n0)``: the share of (positive, negative) pairs where the positive scores
+    higher, ties counted half — the Mann–Whitney U of the positives over ``n1 n0``. Its variance
+    is DeLong's (1988) from the placement values (mid-ranks, so ties count half there too);
+    the interval is ``AUC ± z se`` clipped to [0, 1]. Non-finite scores are dropped.
+
+    Parameters
+    ----------
+    scores : (n,) float
+    labels : (n,) bool
+    """
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels).ravel().astype(bool)
+    keep = np.isfinite(s)
+    s, y = s[keep], y[keep]
+    pos, neg = s[y], s[~y]
+    n1, n0 = pos.size, neg.size
+    if n1 == 0 or n0 == 0:
+        which = "positive (hard)" if n1 == 0 else "negative (easy)"
+        return AUCResult(np.nan, np.nan, np.nan, np.nan, n1, n0, f"no {which} rows: AUC undefined")
+    r_all = sps.rankdata(s)
+    r_pos = sps.rankdata(pos)
+    r_neg = sps.rankdata(neg)
+    u = r_all[y].sum() - n1 * (n1 + 1) / 2.0
+    auc = u / (n1 * n0)
+    # placement values: V10_i = share of negatives below positive i (ties half), V01_j likewise
+    v10 = (r_all[y] - r_pos) / n0
+    v01 = 1.0 - (r_all[~y] - r_neg) / n1
+    if n1 < 2 or n0 < 2:
+        return AUCResult(float(auc), np.nan, np.nan, np.nan, n1, n0, "fewer than 2 rows in a class: no interval")
+    var = np.var(v10, ddof=1) / n1 + np.var(v01, ddof=1) / n0
+    se = float(np.sqrt(var))
+    z = sps.norm.ppf(0.5 + level / 2.0)
+    return AUCResult(float(auc), float(max(0.0, auc - z * se)), float(min(1.0, auc + z * se)), se, n1, n0, "")
+
+
+def roc_curve(scores, labels) -> tuple[np.ndarray, np.ndarray]:
+    """ROC points ``(fpr, tpr)`` sweeping the threshold from +inf down, shape (k,) each."""
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels).ravel().astype(bool)
+    keep = np.isfinite(s)
+    s, y = s[keep], y[keep]
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), s.size - 1] if s.size else np.array([], dtype=int)
+    tp = np.cumsum(y)[last]
+    fp = np.cumsum(~y)[last]
+    n1, n0 = max(int(y.sum()), 1), max(int((~y).sum()), 1)
+    return np.r_[0.0, fp / n0], np.r_[0.0, tp / n1]
+
+
+def spearman(x, y) -> SpearmanResult:
+    """Spearman rank correlation of the finite pairs, by ``scipy.stats.spearmanr``."""
+    a = np.asarray(x, dtype=np.float64).ravel()
+    b = np.asarray(y, dtype=np.float64).ravel()
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    n = a.size
+    if n < 3:
+        return SpearmanResult(np.nan, np.nan, n, f"n={n} < 3 pairs: Spearman undefined")
+    if np.all(a == a[0]) or np.all(b == b[0]):
+        return SpearmanResult(np.nan, np.nan, n, "constant input: Spearman undefined")
+    res = sps.spearmanr(a, b)
+    return SpearmanResult(float(res.statistic), float(res.pvalue), n, "")
+
+
+def substitution_sensitivity(es_top, es_balance, es_pool, es_best) -> dict[str, float]:
+    """How the medians move when solver improvements (``es_best``) replace the pool argmin.
+
+    Returns medians of the closable share and of the balancing recovery under ``ES* = es_pool``
+    and ``ES* = es_best``, the difference of the medians, and the median and maximum of the
+    paired per-row differences of kappa. Rows with a non-finite input are dropped.
+    """
+    top, bal, pool, best = (np.asarray(a, dtype=np.float64) for a in (es_top, es_balance, es_pool, es_best))
+    keep = np.isfinite(top) & np.isfinite(pool) & np.isfinite(best)
+    top, bal, pool, best = top[keep], bal[keep], pool[keep], best[keep]
+    out: dict[str, float] = {"n": int(top.size)}
+    if top.size == 0:
+        nan = float("nan")
+        out.update(
+            median_kappa_pool=nan, median_kappa_best=nan, delta_median_kappa=nan,
+            median_paired_delta_kappa=nan, max_paired_delta_kappa=nan,
+            median_recovery_pool=nan, median_recovery_best=nan, delta_median_recovery=nan,
+        )
+        return out
+    kp, kb = closable_share(top, pool), closable_share(top, best)
+    rp, rb = balancing_recovery(top, bal, pool), balancing_recovery(top, bal, best)
+
+    def med(a):
+        a = a[np.isfinite(a)]
+        return float(np.median(a)) if a.size else float("nan")
+
+    d = kb - kp
+    out.update(
+        median_kappa_pool=med(kp),
+        median_kappa_best=med(kb),
+        delta_median_kappa=med(kb) - med(kp),
+        median_paired_delta_kappa=med(d),
+        max_paired_delta_kappa=float(np.max(d)),
+        median_recovery_pool=med(rp),
+        median_recovery_best=med(rb),
+        delta_median_recovery=med(rb) - med(rp),
+    )
+    return out
