@@ -15,7 +15,7 @@ Every solver that claims a proof is checked against the proved answer (its optim
 the exact gap within the float64 tolerance of E). Reported per (m, solver): proved / count,
 median seconds over the proved instances, the ratio of that median to mitm's, and timeouts.
 
-    .venv/bin/python benchmarks/bench_instances.py            # defaults: a few minutes on 2 cores
+    .venv/bin/python benchmarks/bench_instances.py            # defaults: about 2-3 minutes on 2 cores
     .venv/bin/python benchmarks/bench_instances.py --m 12 16 20 --count 3 --time-limit 2
 """
 
@@ -59,7 +59,7 @@ def main(argv=None):
     ap.add_argument("--count", type=int, default=3, help="instances per m (kinds round-robin)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bits", type=int, default=None, help="bits per integer (default: the generator's)")
-    ap.add_argument("--time-limit", type=float, default=5.0, help="seconds per instance and solver")
+    ap.add_argument("--time-limit", type=float, default=2.0, help="seconds per instance and solver")
     ap.add_argument("--max-subsets", type=float, default=2e8, help="enumeration cap on C(m, m/2)")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers")
     args = ap.parse_args(argv)

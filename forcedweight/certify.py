@@ -78,7 +78,7 @@ class CertifyOptions:
     solver: str = "auto"
     time_limit: float = 10.0
     seed: int = 0
-    max_subsets: int = 20_000_000
+    max_subsets: int = 4_000_000
     balance_candidates: str = "all"
 
     def __post_init__(self):

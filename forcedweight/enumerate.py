@@ -31,6 +31,7 @@ TIE_REL = 1e-12  # sets within this relative error of the minimum are ties (lexi
 _TOPK = 8  # candidates kept per chunk by their rounding-safe lower end
 _CHUNK = 16384  # subsets per chunk (about); chunks never depend on the thread count
 _MIN_CHUNKS = 64  # ... but at least this many (of >= 2048 subsets) for parallelism
+_PARALLEL_MIN = 1 << 17  # below this many subsets the scan runs on the calling thread
 
 
 def candidate_pool(p, V, s: int, pool_mass: int = 12, pool_error: int = 8) -> np.ndarray:
@@ -214,6 +215,10 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
     w = np.zeros(L + 1)
     b = np.zeros(L + 1)
     h = np.empty(P)
+    G2 = 2.0 * G  # exact scaling by 2
+    sufmax = np.zeros(P + 1)
+    for k in range(P - 1, -1, -1):
+        sufmax[k] = max(sufmax[k + 1], nrm[k])
     for l in range(L):
         _push(l, idx, G, gd, pw, nrm, c, n2, w, b)
     state = np.empty(3)
@@ -231,23 +236,21 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
         k2s = idx[s - 1]
         while k1 < P - 1 and remaining > 0:
             kend = min(P, k2s + remaining)
-            base = n2T + h[k1]
             wb = wT + pw[k1]
-            bb = bT + nrm[k1]
-            Gk = G[k1]
+            # rounding margin with the largest ||a_k2|| still ahead (suffix max): one constant
+            bb = bT + nrm[k1] + sufmax[k2s]
+            base = n2T + h[k1] - kappa * bb * bb
+            Gk = G2[k1]
             thrK = state[2] if mode == 0 else thr
             hit = False
             for k2 in range(k2s, kend):
-                n2v = base + h[k2] + 2.0 * Gk[k2]
+                lo = base + h[k2] + Gk[k2]
                 wv = wb + pw[k2]
-                bv = bb + nrm[k2]
-                hit |= n2v - kappa * bv * bv <= thrK * (wv * wv)
+                hit |= lo <= thrK * (wv * wv)
             if hit:
                 for k2 in range(k2s, kend):
-                    n2v = base + h[k2] + 2.0 * Gk[k2]
+                    lo = base + h[k2] + Gk[k2]
                     wv = wb + pw[k2]
-                    bv = bb + nrm[k2]
-                    lo = n2v - kappa * bv * bv
                     w2 = wv * wv
                     thrK = state[2] if mode == 0 else thr
                     if lo <= thrK * w2:
@@ -270,31 +273,51 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
     bestv[0] = state[2] if mode == 1 else np.inf
 
 
+@njit(cache=True)
+def _scan_one(G, gd, pw, nrm, Ap, s, kappa, start, count, binom, topL, topS):
+    bv = np.empty(1)
+    bs = np.empty(s, np.int64)
+    _scan(G, gd, pw, nrm, Ap, s, kappa, start, count, binom, 0, 0.0, topL, topS, bv, bs)
+
+
 @njit(parallel=True, cache=True, fastmath=False)
 def _scan_all(G, gd, pw, nrm, Ap, s, kappa, starts, counts, binom, topL, topS):
-    M = starts.shape[0]
-    for m in prange(M):
-        bv = np.empty(1)
-        bs = np.empty(s, np.int64)
-        _scan(G, gd, pw, nrm, Ap, s, kappa, starts[m], counts[m], binom, 0, 0.0,
-              topL[m], topS[m], bv, bs)
+    for m in prange(starts.shape[0]):
+        _scan_one(G, gd, pw, nrm, Ap, s, kappa, starts[m], counts[m], binom, topL[m], topS[m])
+
+
+@njit(cache=True)
+def _scan_all_serial(G, gd, pw, nrm, Ap, s, kappa, starts, counts, binom, topL, topS):
+    for m in range(starts.shape[0]):
+        _scan_one(G, gd, pw, nrm, Ap, s, kappa, starts[m], counts[m], binom, topL[m], topS[m])
+
+
+@njit(cache=True)
+def _rescan_one(G, gd, pw, nrm, Ap, s, kappa, start, count, binom, thr, bestv, bests):
+    tl = np.empty(1)
+    ts = np.empty((1, s), np.int64)
+    _scan(G, gd, pw, nrm, Ap, s, kappa, start, count, binom, 1, thr, tl, ts, bestv, bests)
 
 
 @njit(parallel=True, cache=True, fastmath=False)
 def _rescan(G, gd, pw, nrm, Ap, s, kappa, starts, counts, binom, thr, bestv, bests):
-    M = starts.shape[0]
-    for m in prange(M):
-        tl = np.empty(1)
-        ts = np.empty((1, s), np.int64)
-        _scan(G, gd, pw, nrm, Ap, s, kappa, starts[m], counts[m], binom, 1, thr,
-              tl, ts, bestv[m], bests[m])
+    for m in prange(starts.shape[0]):
+        _rescan_one(G, gd, pw, nrm, Ap, s, kappa, starts[m], counts[m], binom, thr, bestv[m],
+                    bests[m])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
+def _rescan_serial(G, gd, pw, nrm, Ap, s, kappa, starts, counts, binom, thr, bestv, bests):
+    for m in range(starts.shape[0]):
+        _rescan_one(G, gd, pw, nrm, Ap, s, kappa, starts[m], counts[m], binom, thr, bestv[m],
+                    bests[m])
+
+
+@njit(cache=True)
 def _direct_many(Ap, pw, sets, out):
-    for m in prange(sets.shape[0]):
-        s = sets.shape[1]
-        out[m] = _direct(Ap, pw, sets[m, : s], sets[m, s - 1])
+    s = sets.shape[1]
+    for m in range(sets.shape[0]):
+        out[m] = _direct(Ap, pw, sets[m], sets[m, s - 1])
 
 
 def _binom_table(P: int, s: int) -> np.ndarray:
@@ -309,19 +332,24 @@ def _prepare(p, V, pool):
     p = np.asarray(p, dtype=np.float64)
     V = np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1)
     pool = np.unique(np.asarray(pool, dtype=np.int64))
+    if pool.size and (pool[0] < 0 or pool[-1] >= p.shape[0]):
+        raise ValueError(f"pool has a key outside [0, {p.shape[0]})")
     A = op.centred_contributions(p, V)
     Ap = np.ascontiguousarray(A[pool])
     G = Ap @ Ap.T
     return p, V, pool, A, Ap, G
 
 
-def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11) -> tuple[float, np.ndarray]:
+def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
+                   parallel: bool | None = None) -> tuple[float, np.ndarray]:
     """Exact minimum of E over every s-subset of ``pool`` (Numba, parallel within the row).
 
     Parameters
     ----------
     p : (N,) float64 weights; V : (N, d) values; pool : (P,) key indices; s : 1 <= s <= P.
     max_subsets : refuse pools with more than this many s-subsets (ValueError).
+    parallel : scan chunks on all Numba threads; None (default): when there are at least
+        ``_PARALLEL_MIN`` subsets. The result does not depend on it (chunks are fixed).
 
     Returns
     -------
@@ -352,9 +380,13 @@ def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11) -> tuple[float
     starts = bounds[:-1].copy()
     counts = np.diff(bounds)
     binom = _binom_table(P, s)
+    if parallel is None:
+        parallel = total >= _PARALLEL_MIN
+    parallel = bool(parallel) and M > 1
     topL = np.full((M, _TOPK), np.inf)
     topS = np.zeros((M, _TOPK, s), dtype=np.int64)
-    _scan_all(G, gd, pw, nrm, Ap, s, kappa, starts, counts, binom, topL, topS)
+    scan = _scan_all if parallel else _scan_all_serial
+    scan(G, gd, pw, nrm, Ap, s, kappa, starts, counts, binom, topL, topS)
     ok = np.isfinite(topL)
     cand = topS[ok]
     exact = np.empty(cand.shape[0])
@@ -369,7 +401,8 @@ def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11) -> tuple[float
     if redo.size:
         bestv = np.full((redo.size, 1), np.inf)
         bests = np.zeros((redo.size, s), dtype=np.int64)
-        _rescan(G, gd, pw, nrm, Ap, s, kappa, starts[redo], counts[redo], binom, U, bestv, bests)
+        rescan = _rescan if parallel and redo.size > 1 else _rescan_serial
+        rescan(G, gd, pw, nrm, Ap, s, kappa, starts[redo], counts[redo], binom, U, bestv, bests)
         fin = np.isfinite(bestv[:, 0])
         cand_sets.append(bests[fin])
         cand_vals.append(bestv[fin, 0])

@@ -141,7 +141,8 @@ def groups_figure(summary: pl.DataFrame, model: str) -> Figure:
     """Median group-voting cost (95% CI) against group size g: over own top-mass error and over ES_pool."""
     with matplotlib.rc_context(STYLE):
         fig, ax = _fig()
-        for s in sorted(summary["s"].unique().to_list()):
+        colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+        for k, s in enumerate(sorted(summary["s"].unique().to_list())):
             d = summary.filter(pl.col("s") == s).sort("g")
             x = d["g"].to_numpy()
             for what, ls in (("top", "-"), ("pool", "--")):
@@ -151,7 +152,9 @@ def groups_figure(summary: pl.DataFrame, model: str) -> Figure:
                     np.nan_to_num(d[f"cost_{what}_hi"].to_numpy().astype(float) - m),
                 ])
                 label = f"s = {s}, / " + ("own top-mass" if what == "top" else "ES_pool")
-                ax.errorbar(x, m, yerr=err, ls=ls, marker="o", ms=3, capsize=2, label=label)
+                ax.errorbar(x, m, yerr=err, ls=ls, marker="o", ms=3, capsize=2, label=label, color=colors[k % len(colors)])
+        ticks = sorted(summary["g"].unique().to_list())
+        ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_xlabel("group size g (query heads sharing a kept set)")
         ax.set_ylabel("median cost (×)")
         ax.set_title(model)

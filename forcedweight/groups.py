@@ -32,7 +32,9 @@ import polars as pl
 import pyarrow as pa
 
 from forcedweight import operator as op
-from forcedweight.rows import InputError, Row, RowError, iter_batches, list_parquet_files, open_parquet, rows_from_batch, write_table_atomic
+from forcedweight.rows import (
+    InputError, Row, RowError, iter_batches, list_parquet_files, open_parquet, rows_from_batch, write_table_atomic,
+)
 from forcedweight.stats import selector_ratio
 
 #: pools with at most this many s-subsets are enumerated on one thread (about 1 ms of work)

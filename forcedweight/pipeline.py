@@ -32,15 +32,13 @@ class PipelineOptions:
 
 
 def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progress: bool = True) -> Path:
-    """Run dump → certify → report into ``out``; returns the report directory.
+    """Run dump → certify → report into ``out``; returns the path of ``report.md``.
 
     Layout: ``out/rows/`` (the dump), ``out/results.parquet`` (certify), ``out/report/``.
     """
     from forcedweight.certify import CertifyOptions, certify_file
     from forcedweight.dumps import dump_rows
-    from forcedweight.dumps.capture import parse_index_list
-    from forcedweight.dumps.corpus import builtin_corpus
-    from forcedweight.models import load_model
+    from forcedweight.dumps.corpus import builtin_texts
     from forcedweight.report import build_report
 
     options = options or PipelineOptions()
@@ -50,22 +48,18 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
     report_dir = out / "report"
     command = " ".join(shlex.quote(a) for a in sys.argv) if sys.argv else "run_pipeline(...)"
 
-    texts = builtin_corpus()[: options.max_texts]
-    loaded = load_model(options.model)
-    n_layers = loaded.model.config.num_hidden_layers
-    n_heads = loaded.model.config.num_attention_heads
+    texts = builtin_texts()[: options.max_texts]
     dump_rows(
-        loaded,
+        options.model,
         texts,
         rows_dir,
-        layers=parse_index_list(options.layers, n_layers, "--layers"),
-        heads=parse_index_list(options.heads, n_heads, "--heads"),
+        layers=options.layers,
+        heads=options.heads,
         positions=options.positions,
         seed=options.seed,
         stats_s=options.stats_s,
         progress=progress,
     )
-    del loaded
     certify_file(
         rows_dir,
         results,

@@ -123,16 +123,20 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
     valid = df.filter(pl.col("status") != "invalid")
     m = row_metrics(df)
     medians = []
+    top, best = _np(valid, "es_top"), _np(valid, "es_best")
+    defined = np.isfinite(top) & np.isfinite(best)
     for name, values in m.items():
+        reason = ""
+        if name == "balancing_recovery":  # undefined where E(top) = ES*: nothing to recover
+            nz = int(np.sum(defined & (top - best <= 0)))
+            reason = f"{nz} row(s) with no gap (E(top) = ES*) excluded" if nz else ""
+            values = values[~(defined & (top - best <= 0))]
+        elif name.startswith("ratio_"):  # undefined where ES* = 0
+            nz = int(np.sum(best == 0))
+            reason = f"{nz} row(s) with ES* = 0 excluded (ratio undefined)" if nz else ""
+            values = values[best != 0]
         ci = st.bootstrap_median_ci(values, n_boot=n_boot, seed=seed)
-        note = ci.note
-        if name == "balancing_recovery":
-            nz = int(np.sum(~np.isfinite(values)))
-            note = f"{nz} row(s) with no gap (E(top) = ES*) excluded" + (f"; {note}" if note else "") if nz else note
-        elif name.startswith("ratio_"):
-            nz = int(np.sum(_np(valid, "es_best") == 0))
-            if nz:
-                note = f"{nz} row(s) with ES* = 0 excluded (ratio undefined)" + (f"; {note}" if note else "")
+        note = "; ".join(x for x in (reason, ci.note) if x)
         medians.append({**key, "metric": name, "n": ci.n, "median": ci.median, "ci_lo": ci.lo, "ci_hi": ci.hi, "note": note})
 
     n_valid = valid.height
@@ -143,7 +147,9 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
     open_lo, open_hi = st.wilson_interval(k_open, n_valid)
     k_hard = int(np.sum(pess > hard_threshold))
     hard_lo, hard_hi = st.wilson_interval(k_hard, n_valid)
-    med_hi, note = st.wilson_median_upper_bound(pess)
+    med_hi, note = st.wilson_upper_median_share(
+        _np(valid, "es_top"), _np(valid, "es_best"), _np(valid, "lower_bound"), valid.get_column("status").to_numpy()
+    )
     bounds = {
         **key,
         "n_valid": n_valid,
@@ -329,17 +335,20 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
         f"({n_boot} resamples, seed {seed}); hard = closable share > {hard_threshold}.", "",
         "## Headline numbers (pooled per model and budget)", "",
         "| model | s | rows (opt/impr/unsolved/invalid) | median κ [95% CI] | κ median Wilson upper (pessimistic) "
+        "| Δ median κ, pool → best | improved+unsolved share (Wilson hi) "
         "| balancing recovery | π (top) | AUC dropped mass → hard [95% CI] | Spearman(D, ES_pool) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    counts, bounds, pred = pooled["status_counts"], pooled["bounds"], pooled["prediction"]
+    counts, bounds, pred, subst = pooled["status_counts"], pooled["bounds"], pooled["prediction"], pooled["substitution"]
     for c in counts.iter_rows(named=True):
         model, s = c["model"], c["s"]
         b = bounds.filter((pl.col("model") == model) & (pl.col("s") == s)).row(0, named=True)
         p = pred.filter((pl.col("model") == model) & (pl.col("s") == s)).row(0, named=True)
+        d = subst.filter((pl.col("model") == model) & (pl.col("s") == s)).row(0, named=True)
         lines.append(
             f"| {model} | {s} | {c['n_rows']} ({c['n_optimal']}/{c['n_improved']}/{c['n_unsolved']}/{c['n_invalid']}) "
             f"| {metric(model, s, 'closable_share')} | {_fmt(b['median_kappa_wilson_upper'])} "
+            f"| {_fmt(d['delta_median_kappa'])} | {_fmt(b['improved_share'])} ({_fmt(b['improved_share_wilson_hi'])}) "
             f"| {metric(model, s, 'balancing_recovery')} | {metric(model, s, 'pi_top')} "
             f"| {_ci(p['auc'], p['auc_lo'], p['auc_hi'])} | {_fmt(p['spearman_rho'])} |"
         )

@@ -301,6 +301,9 @@ def atomic_path(target: str | os.PathLike, suffix: str = ""):
     except OSError as exc:
         raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
     try:
         yield Path(tmp)
         os.replace(tmp, target)

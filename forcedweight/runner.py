@@ -183,7 +183,7 @@ def validate_input(path, s_values: Sequence[int], skip_invalid: bool) -> tuple[i
         total += batch.num_rows
         for rid, s, reason in check_batch(batch, start, file, s_values):
             if not skip_invalid:
-                raise RowError(rid, reason if s is None else reason, str(file))
+                raise RowError(rid, reason, str(file))
             bad += len(s_values) if s is None else 1
     return total, bad
 
@@ -358,6 +358,7 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
             os.kill(os.getpid(), signal.SIGKILL)
 
     executor, owned = _executor(workers, scheduler)
+    ok = False
     try:
         with _progress(progress, total) as advance:
             pending: dict = {}
@@ -385,9 +386,11 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
                     drain()
             while pending:
                 drain()
+        ok = True
     finally:
         if isinstance(executor, ProcessPoolExecutor):
-            executor.shutdown(wait=True, cancel_futures=True)
+            # on success the idle workers exit in the background (their teardown takes seconds)
+            executor.shutdown(wait=not ok, cancel_futures=True)
         elif executor is not None:
             executor.shutdown(wait=False)
         for closer in owned:
@@ -395,7 +398,7 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
 
     tables = [pq.read_table(parts / sh.name) for sh in shards]
     if tables:
-        table = pa.concat_tables(tables, promote_options="default")
+        table = pa.concat_tables(tables, promote_options="permissive")
     else:
         table = output_schema(schema_seen).empty_table()
     table = table.sort_by([("row_id", "ascending"), ("s", "ascending")])

@@ -21,8 +21,8 @@ from scipy import stats as sps
 
 #: Minimum finite values for a bootstrap interval of a median.
 MIN_BOOTSTRAP = 2
-#: Elements (resamples x sample size) drawn per bootstrap batch; bounds memory to ~40 MB.
-BOOTSTRAP_BATCH_ELEMENTS = 5_000_000
+#: Draws (resamples x sample size) per bootstrap batch; bounds working memory to about 70 MB.
+BOOTSTRAP_BATCH_ELEMENTS = 2_000_000
 
 
 class MedianCI(NamedTuple):
@@ -61,8 +61,23 @@ def _finite(x) -> tuple[np.ndarray, int]:
 
 
 def bootstrap_batch(n: int, n_boot: int) -> int:
-    """Resamples per batch for a sample of size ``n`` (so that a batch holds <= 5e6 draws)."""
+    """Resamples per batch for a sample of size ``n`` (a batch holds at most 2e6 draws, or one resample)."""
     return int(max(1, min(n_boot, BOOTSTRAP_BATCH_ELEMENTS // max(n, 1))))
+
+
+def _resample_medians(v_sorted: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Medians of ``v_sorted[idx]`` row by row, without sorting: (b, n) indices -> (b,) medians.
+
+    ``v_sorted`` is ascending, so a resample's k-th order statistic is ``v_sorted[j]`` for the
+    smallest j whose cumulative count of draws exceeds k; counting draws (bincount) and a cumsum
+    is O(b n), several times faster than partitioning, and gives exactly ``np.median(v[idx], -1)``.
+    """
+    b, n = idx.shape
+    counts = np.bincount((idx + (np.arange(b) * n)[:, None]).ravel(), minlength=b * n).reshape(b, n)
+    cum = np.cumsum(counts, axis=1)
+    lo = (cum <= (n - 1) // 2).sum(axis=1)
+    hi = (cum <= n // 2).sum(axis=1)
+    return (v_sorted[lo] + v_sorted[hi]) / 2.0
 
 
 def bootstrap_median_ci(x, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> MedianCI:
@@ -71,8 +86,9 @@ def bootstrap_median_ci(x, n_boot: int = 2000, seed: int = 0, level: float = 0.9
     The resampling is exactly that of ``scipy.stats.bootstrap(..., method="percentile",
     vectorized=True, batch=bootstrap_batch(n, n_boot), rng=np.random.default_rng(seed))``:
     per batch ``rng.integers(0, n, (batch, n))`` indices, the median of each resample, then
-    the linear-interpolated ``(1-level)/2`` and ``(1+level)/2`` quantiles. It is only faster
-    (no validation, no BCa machinery) and bounds memory with batches.
+    the linear-interpolated ``(1-level)/2`` and ``(1+level)/2`` quantiles. It is faster (the
+    resample medians come from draw counts, see ``_resample_medians``) and bounds memory with
+    batches.
 
     Parameters
     ----------
@@ -96,11 +112,15 @@ def bootstrap_median_ci(x, n_boot: int = 2000, seed: int = 0, level: float = 0.9
         return MedianCI(med, np.nan, np.nan, n, "; ".join(notes + [f"n={n} < {MIN_BOOTSTRAP}: no interval"]))
     rng = np.random.default_rng(seed)
     batch = bootstrap_batch(n, n_boot)
+    order = np.argsort(v, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    v_sorted = v[order]
     meds = []
     for k in range(0, n_boot, batch):
         b = min(batch, n_boot - k)
-        idx = rng.integers(0, n, (b, n))
-        meds.append(np.median(v[idx], axis=-1))
+        idx = rng.integers(0, n, (b, n))  # the draws scipy makes; v[idx] == v_sorted[rank[idx]]
+        meds.append(_resample_medians(v_sorted, rank[idx]))
     theta = np.concatenate(meds)
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(theta, [alpha, 1.0 - alpha])
@@ -200,6 +220,17 @@ def pessimistic_closable_share(es_top, es_best, lower_bound, status) -> np.ndarr
     star = np.where(st == "unsolved", np.minimum(lb_used, best), best)
     k = closable_share(top, star)
     return np.where(st == "invalid", np.nan, k)
+
+
+def wilson_upper_median_share(es_top, es_best, lower_bound, status, level: float = 0.95) -> tuple[float, str]:
+    """Wilson upper bound on the population median closable share, unsolved rows counted as improved.
+
+    ``wilson_median_upper_bound`` of ``pessimistic_closable_share(...)`` over the valid rows:
+    every ``unsolved`` row takes the largest closable share its proved lower bound allows.
+    Arrays of shape (n,); returns ``(bound, note)``.
+    """
+    k = pessimistic_closable_share(es_top, es_best, lower_bound, status)
+    return wilson_median_upper_bound(k[~np.isnan(k)], level)
 
 
 def auc_mann_whitney(scores, labels, level: float = 0.95) -> AUCResult:

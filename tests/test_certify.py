@@ -311,3 +311,23 @@ def test_directory_input_and_row_ids(tmp_path):
     assert [r["es_knorm"] for r in got] == [None] * 3  # no keys in these rows
     with pytest.raises(rows.InputError, match="inside the input directory"):
         certify_file(d, d / "res.parquet", [2], progress=False)
+
+
+def test_a_bad_row_met_mid_run_stops_the_shard(tmp_path):
+    from forcedweight.runner import certify_batch
+
+    recs = [_rec(0, 8, keys=False), _rec(1, 8, keys=False)]
+    recs[1]["weights"][0] = -1.0
+    batch = rows.make_row_table(recs).to_batches()[0]
+    with pytest.raises(rows.RowError, match="row 1 in src.parquet: weights contain a negative"):
+        certify_batch(batch, 0, "src.parquet", [2], CertifyOptions(solver="none"), skip_invalid=False)
+    t = certify_batch(batch, 0, "src.parquet", [2], CertifyOptions(solver="none"), skip_invalid=True)
+    assert t.column("status").to_pylist() == ["optimal", "invalid"]  # N = 8 <= pool: exhaustive
+
+
+def test_empty_input_gives_an_empty_table(tmp_path):
+    src = tmp_path / "empty.parquet"
+    pq.write_table(rows.make_row_table([_rec(0, 5, keys=False)]).slice(0, 0), src)
+    out = certify_file(src, tmp_path / "res.parquet", [2], progress=False)
+    t = pq.read_table(out)
+    assert t.num_rows == 0 and "es_best" in t.column_names and "best_set" in t.column_names

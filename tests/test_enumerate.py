@@ -132,6 +132,9 @@ def test_result_does_not_depend_on_thread_count():
     finally:
         numba.set_num_threads(before)
     assert one[0] == many[0] and one[1].tolist() == many[1].tolist()
+    serial = enumerate_best(p, V, np.arange(n), 7, parallel=False)
+    forced = enumerate_best(p, V, np.arange(n), 7, parallel=True)
+    assert serial[1].tolist() == forced[1].tolist() == one[1].tolist()
 
 
 def test_candidate_pool_contents():
@@ -158,6 +161,8 @@ def test_bad_arguments():
     V = np.eye(4)
     with pytest.raises(ValueError):
         enumerate_best(p, V, np.arange(3), 4)
+    with pytest.raises(ValueError):
+        enumerate_best(p, V, [0, 4], 1)
     with pytest.raises(ValueError):
         brute_force_best(p, V, 0)
     with pytest.raises(ValueError):

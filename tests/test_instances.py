@@ -174,6 +174,21 @@ def test_cpsat_enumeration_and_brute_force_agree_with_answers(m, bits):
             assert abs(bf_value - row["gap"]) <= tol
 
 
+@pytest.mark.parametrize("m", [8, 12])
+def test_scip_agrees_with_answers(m):
+    from forcedweight.solvers.scip import solve_scip
+
+    for inst in generate(m, 3, seed=2):  # yes, no, near_miss
+        row = partition_row(inst)
+        p, V = row_arrays(row)
+        res = solve_scip(p, V, row["s"], time_limit=30.0)
+        assert res.proved and res.solver == "scip"
+        # SCIP's proof is relative (res.tolerance); E itself carries float64 rounding
+        assert abs(res.value - row["gap"]) <= res.tolerance + error_tolerance(inst["integers"], row["s"])
+        a = inst["integers"]
+        assert abs(2 * int(a[res.best_set].sum()) - int(a.sum())) == inst["min_diff"]
+
+
 def test_cpsat_hint_bound_and_refusal():
     inst = generate(12, 2, seed=4)[1]  # a no-instance
     row = partition_row(inst)
@@ -237,6 +252,8 @@ def test_write_partition_file_and_manifest(tmp_path):
     manifest = json.loads((tmp_path / "partition-m12.json").read_text())
     assert manifest["count_by_kind"] == {"no": 3, "near_miss": 2}
     assert manifest["bits"] == default_bits(12)
+    a_max = np.array([2 ** manifest["bits"] - 1] * 12)
+    assert manifest["e_rounding_bound"] == error_tolerance(a_max, 6) < 1 / 12
 
 
 def test_cli_writes_both_constructions(tmp_path):

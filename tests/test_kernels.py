@@ -35,8 +35,8 @@ def make_case(lengths, batch, G, D, Dv=None, dtype=torch.float32, seed=0, with_b
     return q, k, v, indptr, bias
 
 
-def check(out, lse, q, k, v, indptr, bias, dtype):
-    ref_out, ref_lse = ragged_decode_reference(q, k, v, indptr, bias)
+def check(out, lse, q, k, v, indptr, bias, dtype, ref=None):
+    ref_out, ref_lse = ref if ref is not None else ragged_decode_reference(q, k, v, indptr, bias)
     assert out.dtype == dtype and out.shape == ref_out.shape
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
     empty = torch.isneginf(ref_lse)
@@ -93,11 +93,12 @@ def test_torch_path_against_reference(G, dtype, with_bias):
 
     for D in (64, 128):
         q, k, v, indptr, bias = make_case(LENGTHS, 2, G, D, dtype=dtype, with_bias=with_bias, seed=G * D + 1)
+        ref = ragged_decode_reference(q, k, v, indptr, bias)
         out, lse = ragged_decode(q, k, v, indptr, bias)  # CPU tensors: the PyTorch path (bucketed here)
-        check(out, lse, q, k, v, indptr, bias, dtype)
+        check(out, lse, q, k, v, indptr, bias, dtype, ref)
         for method in ("padded", "scatter"):
             out, lse = ragged_decode_torch(q, k, v, indptr, bias, method=method, chunk=19)
-            check(out, lse, q, k, v, indptr, bias, dtype)
+            check(out, lse, q, k, v, indptr, bias, dtype, ref)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -169,3 +170,23 @@ def test_unknown_backend():
     q, k, v, indptr, _ = make_case([2, 2], 1, 1, 64)
     with pytest.raises(InputError, match="backend"):
         ragged_decode(q, k, v, indptr, backend="cuda")
+
+
+def test_triton_kernels_compile_for_sm90(tmp_path):
+    # No GPU here: compile both kernels ahead of time for sm_90 (H100/H200) down to a cubin, float32 and
+    # bfloat16, in a subprocess without TRITON_INTERPRET, so a lowering error (dot shapes, loop types)
+    # fails CI.
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from forcedweight.kernels.triton_decode import compile_ahead\n"
+        "for dt in (torch.float32, torch.bfloat16):\n"
+        "    r = compile_ahead(90, dt, G=3, D=64, DV=64)\n"
+        "    assert r['split'][-1] == 'cubin' and r['merge'][-1] == 'cubin', r\n"
+        "print('ok')"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=170)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]

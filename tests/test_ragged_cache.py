@@ -70,7 +70,8 @@ def test_generation_matches_dynamic_cache_smollm2(smollm2):
     finally:
         model.set_attn_implementation("sdpa")
     assert torch.equal(a.sequences, b.sequences)
-    # float32, 30 layers: reduction-order differences grow to ~1e-5 on logits of magnitude ~20
+    # float32, 30 layers: reduction-order differences (ours vs SDPA) reach ~3e-5 on logits up to ~35;
+    # 2e-3 leaves room for other BLAS builds while still catching any wrong entry or position
     err = max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits))
     assert err <= 2e-3, err
 
@@ -197,3 +198,17 @@ def test_memory_command_and_errors(tmp_path):
     res = runner.invoke(app, ["memory", "--tokens", "64", "--ratio", "1.5", "--out", str(tmp_path / "x.json")])
     assert isinstance(res.exception, InputError) and "--ratio" in str(res.exception)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_from_dense_copies_every_segment():
+    dense, _ = tiny_pair(seed=4)
+    dc = DynamicCache(config=dense.config)
+    with torch.no_grad():
+        dense(input_ids=prompt(2, 7, seed=4), cache=dc)
+    rc = RaggedKVCache.from_dense(dc)
+    assert rc.get_seq_length() == 7 and len(rc.layers) == 2
+    for i, layer in enumerate(rc.layers):
+        for b in range(2):
+            for h in range(2):
+                k, v = layer.segment(b, h)
+                assert torch.equal(k, dc.layers[i].keys[b, h]) and torch.equal(v, dc.layers[i].values[b, h])

@@ -193,6 +193,12 @@ def test_figures_have_expected_axes():
     med = pl.DataFrame({"model": ["m", "m"], "s": [4, 8], "median": [1.1, 1.3], "ci_lo": [1.0, 1.2], "ci_hi": [1.2, 1.5]})
     ax = figures.pi_figure(med).axes[0]
     assert ax.get_xlabel() == "budget s (kept keys)" and ax.get_ylabel() == "median π (top-mass)"
+    from forcedweight.report import group_summary
+
+    ax = figures.groups_figure(group_summary(_fake_groups(), n_boot=20), "m1").axes[0]
+    assert ax.get_xlabel().startswith("group size g") and ax.get_ylabel() == "median cost (×)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "3"]
+    assert len(ax.get_legend().get_texts()) == 4  # 2 budgets x (own top-mass, ES_pool)
 
 
 def test_family_with_one_row_gives_nan_with_note(tmp_path):
@@ -211,10 +217,48 @@ def test_family_with_one_row_gives_nan_with_note(tmp_path):
     assert md.exists()
 
 
+def test_family_of_invalid_rows_only(tmp_path):
+    df = fake_results(n_per=8, layers=(0,), s_values=(4,), seed=3)
+    nulls = [pl.lit(None, dtype=pl.Float64).alias(c) for c in ("es_top", "es_balance", "es_pool", "es_best", "dropped_mass")]
+    bad = df.head(3).with_columns(pl.lit(9, dtype=pl.Int64).alias("layer"), pl.lit("invalid").alias("status"), *nulls)
+    pl.concat([df, bad]).write_parquet(tmp_path / "r.parquet")
+    tables = compute_tables(load_results(tmp_path / "r.parquet"), n_boot=20)
+    b = tables["bounds"].filter(pl.col("layer") == 9).row(0, named=True)
+    assert b["n_valid"] == 0 and np.isnan(b["improved_share"]) and b["note"] == "no valid rows"
+    m = tables["medians"].filter(pl.col("layer") == 9)
+    assert m["median"].is_nan().all() and m["note"].str.contains("no finite values").all()
+    assert tables["status_counts"].filter(pl.col("layer") == 9)["n_invalid"][0] == 3
+
+
+def test_undefined_ratios_and_recoveries_are_excluded_with_notes():
+    df = fake_results(n_per=20, layers=(0,), s_values=(4,), seed=4).filter(pl.col("status") == "optimal")
+    top, best, bal = (df[c].to_numpy().copy() for c in ("es_top", "es_best", "es_balance"))
+    best[:2] = bal[:2] = top[:2]  # rows 0, 1: top-mass optimal, no gap
+    top[2] = best[2] = bal[2] = 0.0  # row 2: ES* = 0 = E(top), no gap either
+    df = df.with_columns(pl.Series("es_top", top), pl.Series("es_best", best), pl.Series("es_balance", bal),
+                         pl.Series("es_pool", best))
+    tables = compute_tables(df, n_boot=20)
+    med = tables["medians"].filter(pl.col("scope") == "pooled")
+    rec = med.filter(pl.col("metric") == "balancing_recovery").row(0, named=True)
+    assert rec["n"] == df.height - 3 and rec["note"] == "3 row(s) with no gap (E(top) = ES*) excluded"
+    ratio = med.filter(pl.col("metric") == "ratio_geometric").row(0, named=True)
+    assert ratio["n"] == df.height - 1 and ratio["note"] == "1 row(s) with ES* = 0 excluded (ratio undefined)"
+    kappa = med.filter(pl.col("metric") == "closable_share").row(0, named=True)
+    assert kappa["n"] == df.height and kappa["note"] == ""  # kappa = 0 where E(top) = 0
+    assert kappa["median"] == pytest.approx(np.median(np.where(top > 0, (top - best) / np.where(top > 0, top, 1), 0)))
+
+
 def test_missing_provenance_pools_everything(tmp_path):
     fake_results(n_per=10, provenance=False).write_parquet(tmp_path / "r.parquet")
     df = load_results(tmp_path / "r.parquet")
     assert df["model"].unique().to_list() == ["unknown"] and df["layer"].unique().to_list() == [-1]
+
+
+def test_required_columns_are_certify_output_columns():
+    # the report reads what certify writes: a renamed certify column must fail here, not in a user's run
+    from forcedweight.certify import OUTPUT_COLUMNS
+
+    assert set(REQUIRED_COLUMNS) <= {name for name, _ in OUTPUT_COLUMNS}
 
 
 def test_bad_inputs_clear_errors_no_output(results, tmp_path):

@@ -169,6 +169,11 @@ def test_pessimistic_closable_share():
     # optimal/improved keep es_best; unsolved use the proved bound (0 -> kappa 1 when none)
     np.testing.assert_allclose(k[:4], [0.1, 0.4, 1.0, 0.1], atol=1e-15)
     assert np.isnan(k[4])
+    # the composite bound is the Wilson median bound of these pessimistic shares (invalid dropped)
+    big = np.tile(np.arange(5), 3)
+    bound, _ = st.wilson_upper_median_share(top[big], best[big], lb[big], status[big])
+    # 9 of 12 at or below 0.4 has Wilson lower end 0.468 < 1/2, so the bound is the next value, 1.0
+    assert bound == st.wilson_median_upper_bound(k[big][~np.isnan(k[big])])[0] == 1.0
 
 
 def test_substitution_sensitivity_direct():

@@ -22,7 +22,7 @@ def certify(
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Record bad rows as status=invalid instead of stopping."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (runs the shards there)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random selector."),
-    max_subsets: int = typer.Option(20_000_000, "--max-subsets", help="Cap on C(pool, s); larger pools are shrunk."),
+    max_subsets: int = typer.Option(4_000_000, "--max-subsets", help="Cap on C(pool, s) (default keeps the full pool of 28 at s = 8); larger pools are shrunk."),
     chunk_rows: int = typer.Option(64, "--chunk-rows", help="Rows per shard (unit of work and of resume)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
 ) -> None:

@@ -31,4 +31,4 @@ def register(app: typer.Typer) -> None:
             max_texts=max_texts, seed=seed, solver=solver, time_limit=time_limit, workers=workers,
         )
         report = run_pipeline(out, opts)
-        typer.echo(f"report: {report / 'report.md'}")
+        typer.echo(f"report: {report}")

@@ -67,8 +67,9 @@ def _prefill(query, view: RaggedKV, scale: float):
     pos_in_seg = torch.where(slot[None, :] < P, slot[None, :], slot[None, :] - P + past[:, None])  # [S, P+L]
     valid = (slot[None, :] < past[:, None]) | (slot[None, :] >= P)
     src = (view.indptr[:-1, None] + pos_in_seg).clamp_max(max(view.k.shape[0] - 1, 0))
-    kp = view.k[src].masked_fill(~valid[..., None], 0)  # [S, P+L, D]
-    vp = view.v[src].masked_fill(~valid[..., None], 0)
+    flat = src.reshape(-1)
+    kp = view.k.index_select(0, flat).view(S, P + L, D).masked_fill(~valid[..., None], 0)  # [S, P+L, D]
+    vp = view.v.index_select(0, flat).view(S, P + L, Dv).masked_fill(~valid[..., None], 0)
     q = query.reshape(S, G, L, D)
     if P == 0:
         out = F.scaled_dot_product_attention(

@@ -34,14 +34,6 @@ def recency_random_selection(n: int, s: int, segments: int, seed: int) -> list[n
     return out
 
 
-def ragged_from_dense(dense_cache) -> RaggedKVCache:
-    """A :class:`RaggedKVCache` holding a copy of every layer of a transformers ``DynamicCache``."""
-    cache = RaggedKVCache()
-    for i, layer in enumerate(dense_cache.layers):
-        cache.update(layer.keys, layer.values, i)
-    return cache
-
-
 def _load(model, seed: int, tokens: int):
     if not isinstance(model, str):
         return model, getattr(model, "name_or_path", type(model).__name__)
@@ -98,7 +90,7 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, rat
     full_tensors = [t for layer in dense.layers for t in (layer.keys, layer.values)]
     full_bytes = physical_bytes(full_tensors)
 
-    ragged = ragged_from_dense(dense)
+    ragged = RaggedKVCache.from_dense(dense)
     masks = []
     for i in range(layers):
         keep = recency_random_selection(N, budget, B * Hkv, seed + 1 + i)

@@ -227,6 +227,14 @@ class RaggedKVCache(Cache):
     def __init__(self):
         super().__init__(layer_class_to_replicate=RaggedLayer)
 
+    @classmethod
+    def from_dense(cls, dense_cache) -> "RaggedKVCache":
+        """A copy of a transformers ``DynamicCache`` (every layer's [B, Hkv, N, D] keys/values)."""
+        cache = cls()
+        for i, layer in enumerate(dense_cache.layers):
+            cache.update(layer.keys, layer.values, i)
+        return cache
+
     def evict(self, layer: int, keep, bias=None) -> None:
         """Compact layer ``layer``'s segments to ``keep`` (see :meth:`RaggedLayer.evict`)."""
         if not 0 <= layer < len(self.layers) or not self.layers[layer].is_initialized:

@@ -295,6 +295,9 @@ def dump_rows(
             )
     elif any(out_dir.glob("rows-*.parquet")):
         raise InputError(f"--out: {out_dir} holds row shards but no manifest.json; use another --out directory")
+    for stale in out_dir.glob(".*.tmp"):  # temporary files of a killed run (never renamed into place)
+        if stale.name.startswith((".rows-", ".stats-", ".texts.parquet.", ".manifest.json.")):
+            stale.unlink(missing_ok=True)
     _write_json_atomic(manifest, manifest_path)
     texts_path = out_dir / "texts.parquet"
     if not texts_path.exists():

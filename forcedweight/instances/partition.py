@@ -218,7 +218,17 @@ def _manifest(construction: str, m: int, count: int, seed: int, bits: int, kinds
         "count_by_kind": {k: sum(1 for r in rows if r["kind"] == k) for k in kinds},
         "gap": "min over |S| = m/2 of |2 sum_S a - T| / m (exact ES; 0 for yes-instances)",
         "proof": "forcedweight.instances.proofs.prove_balanced (signed-sum meet-in-the-middle, int64)",
+        "e_rounding_bound": rounding_bound(m, bits),
     }
+
+
+def rounding_bound(m: int, bits: int) -> float:
+    """Bound on the float64 rounding of ``E`` for these rows (``solvers.mitm.error_tolerance``).
+
+    Compare a certified ES with ``gap`` within this bound; it stays below the smallest nonzero gap
+    1/m at the default bits for m <= 40.
+    """
+    return 2.0 * (m + 2 * (m // 2) + 4) * float(np.finfo(np.float64).eps) * (2**bits - 1)
 
 
 def write_partition(out_dir: str | Path, m: int, count: int, seed: int, bits: int | None = None,

@@ -7,6 +7,8 @@ forces one ("triton" also runs on CPU tensors under ``TRITON_INTERPRET=1``, whic
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from forcedweight.rows import InputError
@@ -104,6 +106,8 @@ def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None
         return ragged_decode_torch(q, k, v, indptr, bias, sm_scale)
     if q.dtype == torch.float64:
         raise InputError("ragged_decode: the Triton backend takes float32, float16 or bfloat16, not float64")
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise InputError("ragged_decode: backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     from forcedweight.kernels.triton_decode import ragged_decode_triton
 
     return ragged_decode_triton(q, k, v, indptr, bias, sm_scale, **kernel_options)

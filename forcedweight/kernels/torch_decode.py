@@ -94,11 +94,13 @@ def _padded(qs, k, v, starts, lengths, bias, scale, acc):
         pos = torch.arange(lmax, device=k.device)
         valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
         src = (starts[:, None] + pos[None, :]).clamp_max(T - 1)
-        kp, vp = k[src], v[src]
+        flat = src.reshape(-1)
+        kp = k.index_select(0, flat).view(S, lmax, -1)  # index_select: several times faster than k[src]
+        vp = v.index_select(0, flat).view(S, lmax, -1)
     logits = torch.bmm(qs, kp.to(acc).transpose(1, 2))  # [S, G, Lmax]
     logits.mul_(scale)
     if bias is not None:
-        b = bias.to(acc).view(S, lmax) if uniform else bias.to(acc)[src]
+        b = bias.to(acc).view(S, lmax) if uniform else bias.to(acc).index_select(0, flat).view(S, lmax)
         logits.add_(b.unsqueeze(1))
     if valid is not None:
         logits.masked_fill_(~valid.unsqueeze(1), -math.inf)

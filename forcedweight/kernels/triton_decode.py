@@ -120,6 +120,40 @@ def _merge_kernel(
     tl.store(Lse + rows, lse, mask=g_mask)
 
 
+_DTYPE_SIG = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def compile_ahead(arch: int = 90, dtype=torch.bfloat16, G: int = 4, D: int = 128, DV: int = 128,
+                  block_n: int = 64, has_bias: bool = True) -> dict:
+    """Compile both kernels for a CUDA target without a GPU (Triton's ahead-of-time path); returns
+    ``{"split": [stages], "merge": [stages]}`` (e.g. ttir … cubin). Needs ``TRITON_INTERPRET`` unset.
+
+    A check that the kernels lower to machine code for, e.g., sm_90 (H100/H200) on a machine with none.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if _interpreting():
+        raise RuntimeError("compile_ahead needs TRITON_INTERPRET unset (the kernels are interpreted functions)")
+    target = GPUTarget("cuda", arch, 32)
+    t = _DTYPE_SIG[dtype]
+    g_pad = max(16, triton.next_power_of_2(G))
+    split_sig = {"Q": "*" + t, "K": "*" + t, "V": "*" + t, "Bias": "*fp32", "Indptr": "*i64", "OutP": "*fp32",
+                 "LseP": "*fp32", "sm_scale": "fp32", "num_splits": "i32", "stride_k": "i64", "stride_v": "i64"}
+    split_const = {"G": G, "G_PAD": g_pad, "D": D, "BLOCK_D": triton.next_power_of_2(D), "DV": DV,
+                   "BLOCK_DV": triton.next_power_of_2(DV), "BLOCK_N": block_n, "HAS_BIAS": has_bias,
+                   "LOW_PRECISION": dtype != torch.float32, "DOT_FP32": False}
+    split_sig.update({name: "constexpr" for name in split_const})
+    merge_sig = {"OutP": "*fp32", "LseP": "*fp32", "Out": "*" + t, "Lse": "*fp32", "num_splits": "i32"}
+    merge_const = {"G": G, "G_PAD": g_pad, "DV": DV, "BLOCK_DV": triton.next_power_of_2(DV)}
+    merge_sig.update({name: "constexpr" for name in merge_const})
+    out = {}
+    for name, fn, sig, const in (("split", _split_kernel, split_sig, split_const),
+                                 ("merge", _merge_kernel, merge_sig, merge_const)):
+        out[name] = list(triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=target).asm)
+    return out
+
+
 def _interpreting() -> bool:
     """True under ``TRITON_INTERPRET=1``: the interpreter's bfloat16 ``tl.dot`` is wrong (Triton 3.9), so
     bfloat16 tiles are widened to float32 first (exact: a bf16×bf16 product fits in float32)."""

@@ -226,8 +226,7 @@ def make_proposal(
             raise InputError("proposal knorm needs keys (dump with --with-keys)")
         return proposal_from_scores(knorm_scores(keys), "softmax", temperature, mix)
     if name == "streaming":
-        pi = streaming_proposal(n, sinks, recent, floor)
-        return pi if mix == 0 else (1 - mix) * pi + mix / n
+        return proposal_from_scores(streaming_proposal(n, sinks, recent, floor), "normalise", temperature, mix)
     if name == "uniform":
         return uniform_proposal(n)
     raise InputError(f"unknown proposal {name!r} (choose from {', '.join(PROPOSALS)})")

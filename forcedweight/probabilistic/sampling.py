@@ -84,7 +84,9 @@ def sample_count(pi: np.ndarray, target_unique: float, max_samples: int = DEFAUL
 
     Returns
     -------
-    m : int. ``|E[J(m)] - j*| <= 0.5`` whenever j* >= 0.5.
+    m : int. ``|E[J(m)] - j*| <= 0.5`` whenever j* >= 0.5. When j* is at or above the number of
+        entries with pi_i > 0 (E[J(m)] only approaches it from below, so no m minimises the error),
+        the smallest m with ``E[J(m)] >= j* - 0.5``.
 
     Raises
     ------

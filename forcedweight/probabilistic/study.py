@@ -17,7 +17,7 @@ and one bias; the error is measured for each query head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +74,6 @@ class StudyConfig:
     streaming_floor: float = 0.01
     share_gqa: bool = True
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
         if not self.ratios or any(not (0 < r < 1) for r in self.ratios):
@@ -103,6 +102,31 @@ def row_files(rows: str | Path) -> list[Path]:
         if shards:
             return shards
     return list_parquet_files(path)
+
+
+def _read_values(file: Path, trajs: dict[tuple, Trajectory]) -> None:
+    """Fill values (and keys) of each trajectory from its last row only (a filtered read)."""
+    import pyarrow.parquet as pq
+
+    lengths = {(k[0], k[1]): tr.length for k, tr in trajs.items()}
+    filters = [[("text_id", "=", int(t)), ("layer", "=", int(l)), ("query_pos", "=", int(L - 1))]
+               for (t, l), L in lengths.items()]
+    names = pq.ParquetFile(file).schema_arrow.names
+    cols = [c for c in _META + ["values", "value_dim", "keys"] if c in names]
+    table = pq.read_table(file, columns=cols, filters=filters)
+    meta = {c: table.column(c).to_numpy().astype(np.int64) for c in _META + ["value_dim"]}
+    for i in range(table.num_rows):
+        tr = trajs[(meta["text_id"][i], meta["layer"][i], meta["kv_head"][i])]
+        if tr.values.size:
+            continue
+        n = tr.length
+        vals = table.column("values")[i]
+        if not vals.is_valid or len(vals) != n * meta["value_dim"][i]:
+            raise InputError(f"{file}: text {tr.text_id} layer {tr.layer} query_pos {n - 1}: values of wrong length")
+        tr.values = vals.values.to_numpy(zero_copy_only=False).astype(np.float64).reshape(n, -1)
+        if "keys" in cols and table.column("keys")[i].is_valid:
+            keys = table.column("keys")[i].values.to_numpy(zero_copy_only=False)
+            tr.keys = keys.astype(np.float64).reshape(n, -1)
 
 
 def load_trajectories(rows: str | Path) -> list[Trajectory]:
@@ -137,29 +161,30 @@ def load_trajectories(rows: str | Path) -> list[Trajectory]:
         attn = np.zeros((len(heads), length, length))
         attn[:, 0, 0] = 1.0  # row 0 sees entry 0 only
         trajs[key] = Trajectory(int(key[0]), int(key[1]), int(key[2]), heads, attn, np.zeros((0, 0)))
-    want = _META + ["weights", "values", "value_dim", "keys"]
     for file in files:
-        for _, _, batch in iter_batches(file, columns=want):
-            data = batch.to_pydict()
+        for _, _, batch in iter_batches(file, columns=_META + ["weights"], required=_META + ["weights"]):
+            meta_cols = {c: batch.column(c).to_numpy(zero_copy_only=False).astype(np.int64) for c in _META}
+            w_arr = batch.column("weights")
+            w_off = w_arr.offsets.to_numpy()
+            w_flat = w_arr.values.to_numpy(zero_copy_only=False).astype(np.float64)
             for i in range(batch.num_rows):
-                key = (data["text_id"][i], data["layer"][i], data["kv_head"][i])
+                key = (meta_cols["text_id"][i], meta_cols["layer"][i], meta_cols["kv_head"][i])
                 tr = trajs[key]
-                pos = int(data["query_pos"][i])
-                w = np.asarray(data["weights"][i], dtype=np.float64)
-                where = f"{file}: text {key[0]} layer {key[1]} head {data['head'][i]} query_pos {pos}"
+                pos, head = int(meta_cols["query_pos"][i]), int(meta_cols["head"][i])
+                if not w_arr[i].is_valid:
+                    raise InputError(f"{file}: text {key[0]} layer {key[1]} head {head} query_pos {pos}: null weights")
+                w = w_flat[w_off[i] : w_off[i + 1]]
+                where = f"{file}: text {key[0]} layer {key[1]} head {head} query_pos {pos}"
                 if w.size != pos + 1:
                     raise InputError(f"{where}: {w.size} weights, expected {pos + 1}")
                 if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
                     raise InputError(f"{where}: weights are not a distribution (NaN/inf, negative or all zero)")
-                tr.attn[tr.heads.index(int(data["head"][i])), pos, : pos + 1] = w / w.sum()
-                if pos == tr.length - 1 and tr.values.size == 0:
-                    d = int(data["value_dim"][i])
-                    tr.values = np.asarray(data["values"][i], dtype=np.float64).reshape(pos + 1, d)
-                    k = data.get("keys", [None] * batch.num_rows)[i]
-                    if k is not None:
-                        tr.keys = np.asarray(k, dtype=np.float64).reshape(pos + 1, -1)
+                tr.attn[tr.heads.index(head), pos, : pos + 1] = w / w.sum()
+        _read_values(file, trajs)
     out = [trajs[k] for k in sorted(trajs)]
     for tr in out:
+        if tr.values.size == 0:
+            raise InputError(f"{rows}: text {tr.text_id} layer {tr.layer} kv head {tr.kv_head}: no values found")
         if not np.all(np.isfinite(tr.values)) or (tr.keys is not None and not np.all(np.isfinite(tr.keys))):
             raise InputError(f"{rows}: text {tr.text_id} layer {tr.layer}: values or keys contain NaN or inf")
     return out

@@ -15,6 +15,9 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   ``<y_T, u> - lam w_T + (sum of the r smallest (<a_k, u> - lam p_k) over R) >= 0``.
   This is the SPEC bound ``||y_S|| >= ||y_T|| + (sum of the r smallest <y_T, a_k>) / ||y_T||``
   with the mass folded into the same sum, hence never weaker than dividing by ``w_max``.
+  The test is valid for *any* unit vector u; when it fails, it is repeated once (``NREF``) with
+  ``u ~ y_T + THETA * sum_{z in Z} a_z``, Z the minimising completion of the first test
+  (THETA = 0.25 cut the node count 3-10x on synthetic rows).
 
 All three bounds only grow as ``R`` shrinks, so once the node "next key = k" is pruned, every
 later k at that depth is too. Inner products ``<y_T, a_k>`` come from the Gram matrix and are
@@ -35,6 +38,8 @@ from .result import SolverResult
 
 _EPS = float(np.finfo(np.float64).eps)
 REL_TOL = 1e-9
+NREF = 1  # direction refinements per node (projection test)
+THETA = 0.25  # measured: 0.2-0.3 cut nodes 3-10x against 0 refinements on synthetic rows
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
 
@@ -86,8 +91,8 @@ def _box_tables(A, s, lo, hi):
 
 
 @njit(cache=True)
-def _r_smallest_sum(vals, start, r, buf):
-    """Sum of the r smallest of vals[start:] (r <= len)."""
+def _r_smallest_sum(vals, start, r, buf, bidx):
+    """Sum of the r smallest of vals[start:] (r <= len); their indices go to bidx[:r]."""
     n = 0
     for k in range(start, vals.shape[0]):
         x = vals[k]
@@ -100,8 +105,10 @@ def _r_smallest_sum(vals, start, r, buf):
             continue
         while pos > 0 and buf[pos - 1] > x:
             buf[pos] = buf[pos - 1]
+            bidx[pos] = bidx[pos - 1]
             pos -= 1
         buf[pos] = x
+        bidx[pos] = k
     acc = 0.0
     for i in range(r):
         acc += buf[i]
@@ -109,7 +116,8 @@ def _r_smallest_sum(vals, start, r, buf):
 
 
 @njit(cache=True)
-def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, g, buf):
+def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, g, buf,
+                bidx, yv, nref, theta):
     """True when node (T = level t, next key k) may contain a set with E < lam."""
     N, d = A.shape
     r = s - t
@@ -140,19 +148,48 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
             err = gamma * bs[t] / ny
             for kk in range(k, N):
                 g[kk] = (cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk]
-            tot = ny - lam * ws[t] + _r_smallest_sum(g, k, r, buf)
+            tot = ny - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
             if tot >= 0.0:
                 return False
+            # refine the direction toward the minimising completion Z: u ~ y_T + theta sum_Z a_z
+            for _ in range(nref):
+                bz = bs[t]
+                for q in range(d):
+                    yv[q] = ys[t, q]
+                for i in range(r):
+                    z = bidx[i]
+                    bz += theta * nrm[z]
+                    for q in range(d):
+                        yv[q] += theta * A[z, q]
+                nv2 = 0.0
+                dot = 0.0
+                for q in range(d):
+                    nv2 += yv[q] * yv[q]
+                    dot += yv[q] * ys[t, q]
+                nv = np.sqrt(nv2)
+                if not nv > 0.0:
+                    break
+                err = gamma * bz / nv
+                for kk in range(k, N):
+                    acc = cs[t, kk]
+                    for i in range(r):
+                        acc += theta * G[bidx[i], kk]
+                    g[kk] = (acc / nv - err * nrm[kk]) - lam * pw[kk]
+                tot = dot / nv - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+                if tot >= 0.0:
+                    return False
     return True
 
 
 @njit(cache=True)
 def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-            idx, state, ys, ws, bs, cs, best, bestset, budget):
+            idx, state, ys, ws, bs, cs, best, bestset, budget, nref, theta):
     """Resumable DFS. state = [t, done, nodes, leaves]; best = [E_best]. Returns after budget."""
     N, d = A.shape
     g = np.empty(N)
     buf = np.empty(s)
+    bidx = np.zeros(s, np.int64)
+    yv = np.empty(d)
     t = state[0]
     nodes = 0
     while nodes < budget:
@@ -161,7 +198,7 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
         lam = best[0] * (1.0 - rel_tol)
         r = s - t
         ok = _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, g, buf)
+                         gamma, g, buf, bidx, yv, nref, theta)
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
@@ -209,7 +246,7 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 
 
 @njit(cache=True)
-def _open_bound(A, pw, cum, lo, hi, use_box, s, idx, t_cur, ys, ws, cs, best):
+def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma):
     """Proved lower bound on E over the unexplored nodes (min with the incumbent)."""
     N, d = A.shape
     lb = best
@@ -240,8 +277,8 @@ def _open_bound(A, pw, cum, lo, hi, use_box, s, idx, t_cur, ys, ws, cs, best):
         ny = np.sqrt(ny2)
         if ny > 0.0:
             for kk in range(k, N):
-                g[kk] = cs[t, kk] / ny
-            nb = max(nb, ny + _r_smallest_sum(g, k, r, buf))
+                g[kk] = (cs[t, kk] - gamma * bs[t] * nrm[kk]) / ny
+            nb = max(nb, ny + _r_smallest_sum(g, k, r, buf, np.zeros(s, np.int64)))
         lb = min(lb, nb / wmax)
     return lb
 
@@ -279,8 +316,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     rank[order] = np.arange(N)
     A0 = op.centred_contributions(p, V)[order]
     # principal axes: a fixed rotation (norms unchanged) that tightens the box bound
-    _, _, Vt = np.linalg.svd(A0, full_matrices=False)
-    A = np.ascontiguousarray(A0 @ Vt.T) if Vt.shape[0] == A0.shape[1] else A0
+    _, Q = np.linalg.eigh(A0.T @ A0)
+    A = np.ascontiguousarray(A0 @ Q[:, ::-1])
     d = A.shape[1]
     pw = np.ascontiguousarray(p[order])
     cum = np.concatenate([[0.0], np.cumsum(pw)])
@@ -306,25 +343,25 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
-    budget = 2000
+    budget = 256
     deadline = t0 + time_limit
     while True:
         tb = time.perf_counter()
         _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-                idx, state, ys, ws, bs, cs, best, bestset, budget)
+                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA)
         now = time.perf_counter()
         if state[1] or now >= deadline:
             break
-        # aim at ~20 ms per batch
-        budget = int(min(max(budget * (0.02 / max(now - tb, 1e-4)), 100), 1_000_000))
+        # aim at ~10 ms per batch
+        budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
     S = np.sort(order[bestset])
     value = op.forced_error(p, V, S)
     proved = bool(state[1])
     if proved:
         lb = value
     else:
-        lb = float(_open_bound(A, pw, cum, lo, hi, use_box, s, idx, int(state[0]), ys, ws, cs,
-                               best[0]))
+        lb = float(_open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
+                               bs, cs, best[0], gamma))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box)}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
