@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 import torch
@@ -69,7 +68,8 @@ def correctness(device):
         out, lse = ragged_decode(q, k, v, indptr, bias)
         ref_out, ref_lse = ragged_decode_reference(q, k, v, indptr, bias)
         live = torch.isfinite(ref_lse)
-        rows.append({"dtype": str(dtype).replace("torch.", ""), "max_abs_err_out": (out.double().cpu() - ref_out).abs().max().item(),
+        rows.append({"dtype": str(dtype).replace("torch.", ""),
+                     "max_abs_err_out": (out.double().cpu() - ref_out).abs().max().item(),
                      "max_abs_err_lse": (lse.double().cpu() - ref_lse)[live].abs().max().item()})
     return rows
 

@@ -1,6 +1,6 @@
 """Share of rows proved optimal within a time limit, and median solve time: bnb vs SCIP.
 
-    .venv/bin/python benchmarks/bench_solvers.py [--n 64,256] [--rows 3] [--time-limit 2] [--s 8]
+    .venv/bin/python benchmarks/bench_solvers.py [--n 64,256,1024] [--rows 4] [--time-limit 2] [--s 8]
     .venv/bin/python benchmarks/bench_solvers.py --real DUMP_DIR [--n 64,256] [--rows 10]
 
 Synthetic rows: softmax of N(0, sigma^2) logits with Gaussian values (d = 64); "peaked"
@@ -44,8 +44,8 @@ def real_rows(path, n, k, s):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=str, default="64,256")
-    ap.add_argument("--rows", type=int, default=3)
+    ap.add_argument("--n", type=str, default="64,256,1024")
+    ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--time-limit", type=float, default=2.0)
     ap.add_argument("--s", type=int, default=8)
     ap.add_argument("--d", type=int, default=64)

@@ -9,11 +9,14 @@ pipeline over a Parquet file or directory (see ``forcedweight.runner``).
 
 Status (per row and s):
 
-- ``optimal``: proved optimal over all N keys (by the solver within its tolerance, by exhaustive
-  enumeration when the pool is every key, or because ``es_best = 0``), and the solver found
-  nothing better than the heuristics and the pool by more than the tolerance;
-- ``improved``: the solver found a set better than every heuristic and the pool by more than the
-  tolerance; ``proved`` says whether that improved value is also proved optimal;
+- ``optimal``: ``es_best`` is proved optimal over all N keys (by the solver within its tolerance,
+  by exhaustive enumeration when the pool is every key, or because ``es_best = 0``);
+- ``improved``: not proved, but the solver found a set better than every heuristic and the pool by
+  more than the tolerance;
+
+Whether the solver beat every heuristic and the pool is recorded on its own in the boolean
+column ``solver_improved`` (true for ``improved`` rows and for ``optimal`` rows whose optimum the
+pool and the swaps missed);
 - ``unsolved``: no proof (time limit, or ``--solver none``); ``lower_bound`` is the solver's proved
   bound (0, the trivial bound, with ``--solver none``);
 - ``invalid``: the row or budget broke the contract (only with ``--skip-invalid``); ``reason``.
@@ -47,6 +50,7 @@ OUTPUT_COLUMNS = (
     ("es_pool", "float64"), ("pool_size", "int64"),
     ("es_best", "float64"), ("best_set", "list<int64>"), ("best_by", "string"),
     ("lower_bound", "float64"), ("status", "string"), ("proved", "bool"), ("solver", "string"),
+    ("solver_improved", "bool"),
     ("closable_share", "float64"), ("balancing_recovery", "float64"), ("dropped_mass", "float64"),
     ("ef_top", "float64"), ("pi_top", "float64"), ("pi_best", "float64"),
     ("es_geometric", "float64"), ("es_leverage", "float64"), ("es_random", "float64"),
@@ -198,7 +202,9 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     def err(S) -> float:
         return op.forced_error(p, V, S, A=A)
 
-    view = as_view(row)
+    view = as_view(row)  # RowError when keys do not divide into N rows
+    if view.keys is not None and view.query is not None and np.size(view.query) != view.keys.shape[1]:
+        raise RowError(row.row_id, f"query length {np.size(view.query)} differs from the key dim {view.keys.shape[1]}")
     top = op.top_mass_set(p, s)
     es_top = err(top)
     pool = pool_for(p, V, s, options)
@@ -227,6 +233,7 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     e_known, best_by, best_set = values[k], found[k][0], found[k][1]
 
     reason = None
+    solver_improved = False
     exhaustive = pool.size == n
     if e_known <= 0.0:
         status, proved, solver_name, lower = "optimal", True, "zero", 0.0
@@ -242,17 +249,23 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
             raise RuntimeError(f"row {row.row_id}: solver {res.solver} returned {sol_set.size} keys, not s={s}")
         e_sol = err(sol_set)
         tol = max(float(res.tolerance), REL_EQUAL * e_known)
+        discarded = False
         if e_sol < e_known - tol:
-            status, proved = "improved", bool(res.proved)
+            solver_improved = True
+            status, proved = ("optimal", True) if res.proved else ("improved", False)
+        elif res.proved and e_sol > e_known + tol:
+            # a proof contradicted by a known better set is not trusted (a solver bug)
+            status, proved, discarded = "unsolved", False, True
+            reason = f"{res.solver} claimed {e_sol:.17g} optimal but {best_by} has {e_known:.17g}; proof discarded"
         else:
             status, proved = ("optimal", True) if res.proved else ("unsolved", False)
         if e_sol < e_known:
             e_known, best_by, best_set = e_sol, res.solver, sol_set
-        lower = min(float(res.lower_bound), e_known)
+        lower = 0.0 if discarded else min(float(res.lower_bound), e_known)
     es_best = e_known
-    assert op.forced_error(p, V, best_set) == es_best or math.isclose(
-        op.forced_error(p, V, best_set), es_best, rel_tol=1e-12, abs_tol=1e-300
-    ), "best_set does not reproduce es_best"
+    check = op.forced_error(p, V, best_set)
+    if not (check == es_best or math.isclose(check, es_best, rel_tol=1e-12, abs_tol=1e-300)):
+        raise RuntimeError(f"row {row.row_id}: best_set gives E = {check!r}, not es_best = {es_best!r}")
 
     ef_top = op.free_weight_error(p, V, top)
     ef_best = op.free_weight_error(p, V, best_set)
@@ -264,6 +277,7 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
         "es_pool": es_pool, "pool_size": int(pool.size),
         "es_best": es_best, "best_set": [int(i) for i in best_set], "best_by": best_by,
         "lower_bound": float(lower), "status": status, "proved": bool(proved), "solver": solver_name,
+        "solver_improved": bool(solver_improved),
         "closable_share": gap / es_top if es_top > 0 else 0.0,
         "balancing_recovery": (es_top - err(bal)) / gap if gap > 0 else float("nan"),
         "dropped_mass": op.dropped_mass(p, top),

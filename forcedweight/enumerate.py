@@ -9,7 +9,7 @@ last element of each subset costs O(1)::
 
 The combination space is cut into equal rank ranges (unranked starts), scanned in parallel with
 Numba. Float cancellation is guarded: every subset's squared error is computed with a rigorous
-rounding margin ``kappa * (sum_{i in S} ||a_i||)^2 / w^2``; the few subsets whose lower end is
+rounding margin ``kappa * b^2 / w^2``, ``b >= sum_{i in S} ||a_i||``; the few subsets whose lower end is
 small are re-evaluated directly (``||sum_S a_i|| / p(S)``, float64), and any chunk that might
 hide further candidates is re-scanned with direct evaluation. The returned value is recomputed
 with ``operator.forced_error`` on the returned set.
@@ -227,7 +227,7 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
     state[2] = np.inf
     remaining = count
     while True:
-        for k in range(P):
+        for k in range(idx[s - 2], P):  # only keys after the prefix are used
             h[k] = 2.0 * c[L, k] + gd[k]
         n2T = n2[L]
         wT = w[L]

@@ -8,10 +8,12 @@
    the run before any work, with a ``RowError`` naming the row and file, and nothing is written.
 2. **Shards.** The input is streamed again; every row group is cut into chunks of at most
    ``chunk_rows`` rows, one shard each, named by the global position of its first row.
-3. **Execution.** In process (``workers=1``), a local process pool (``workers=N``; spawned
-   processes, each with ``max(1, cores // N)`` Numba threads), or a Dask cluster
+3. **Execution.** In process (``workers=1``), a local process pool (``workers=N``; forked from a
+   clean fork server that preloads the modules, each with ``max(1, cores // N)`` Numba and BLAS
+   threads; the fork server keeps the thread environment of the first pool), or a Dask cluster
    (``scheduler=ADDRESS``; ``distributed.Client(address)``; Numba threads left to the workers).
-   At most ``2 x workers`` shards are in flight, so memory stays bounded.
+   At most 2 shards per worker process (or per Dask worker thread) are in flight, so memory
+   stays bounded.
 4. **Resume.** Each finished shard is written atomically as ``part-<position>.parquet`` in the
    hidden work directory ``.<OUT name>.parts/`` beside the output, with ``state.json`` holding a
    fingerprint of the input files (path, size, mtime), the budgets and the options. A rerun with
@@ -103,7 +105,7 @@ def _check_list_type(path: Path, schema: pa.Schema, name: str) -> None:
 
 
 def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Sequence[int]):
-    """Validate one batch of rows and budgets; yields ``(row_id, reason)`` for each bad one.
+    """Validate one batch of rows and budgets; yields ``(row_id, s or None, reason)`` per bad one.
 
     Vectorised over the Arrow offsets; a row flagged here is re-checked by
     ``rows.validate_row`` so that the message is the contract's own.
@@ -114,7 +116,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
         _check_list_type(source, batch.schema, name)
     if "row_id" in names:
         ids = batch.column("row_id").to_numpy(zero_copy_only=False)
-        ids = np.where(pd_isnull(ids), np.arange(start, start + n), ids).astype(np.int64)
+        ids = np.where(_isnull(ids), np.arange(start, start + n), ids).astype(np.int64)
     else:
         ids = np.arange(start, start + n, dtype=np.int64)
     w = batch.column("weights")
@@ -160,7 +162,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
                 yield rid, s, f"budget s={s} exceeds N={wl[i]}"
 
 
-def pd_isnull(arr: np.ndarray) -> np.ndarray:
+def _isnull(arr: np.ndarray) -> np.ndarray:
     """Null mask of an Arrow-converted numeric array (nulls come back as NaN or None)."""
     if arr.dtype == object:
         return np.array([x is None for x in arr], dtype=bool)
@@ -342,7 +344,6 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
 
     total, _ = validate_input(path, s_values, skip_invalid)
     parts = parts_dir_for(out)
-    prepare_parts_dir(parts, fingerprint(path, s_values, options, skip_invalid, chunk_rows), note)
     kill_after = int(os.environ.get(KILL_HOOK, "0") or 0)
     written = 0
     shards: list[Shard] = []
@@ -357,9 +358,10 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
         if kill_after and written >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    executor, owned = _executor(workers, scheduler)
+    executor, owned, slots = _executor(workers, scheduler)  # connect first: a bad address leaves nothing
     ok = False
     try:
+        prepare_parts_dir(parts, fingerprint(path, s_values, options, skip_invalid, chunk_rows), note)
         with _progress(progress, total) as advance:
             pending: dict = {}
 
@@ -382,7 +384,7 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
                     advance(shard.length)
                     continue
                 pending[executor.submit(_shard_task, *args)] = shard
-                while len(pending) >= 2 * max(workers, 1):
+                while len(pending) >= 2 * slots:
                     drain()
             while pending:
                 drain()
@@ -408,7 +410,7 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
 
 
 def _executor(workers: int, scheduler: str | None):
-    """``(executor or None, [closers])``: None = run in this process."""
+    """``(executor or None, [closers], slots)``: None = run in this process; slots = parallel tasks."""
     if scheduler:
         try:
             from distributed import Client
@@ -418,14 +420,13 @@ def _executor(workers: int, scheduler: str | None):
             client = Client(scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
             raise InputError(f"--scheduler {scheduler}: cannot connect ({exc})") from None
-        return client.get_executor(pure=False), [client.close]
+        slots = max(1, sum(client.nthreads().values()))
+        return client.get_executor(pure=False), [client.close], slots
     if workers == 1:
-        return None, []
-    import multiprocessing as mp
-
+        return None, [], 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // workers)
-    # spawned workers read these when they import NumPy/Numba: no oversubscription of the cores
+    # new worker processes read these when NumPy/Numba load: no oversubscription of the cores
     saved = {k: os.environ.get(k) for k in _THREAD_VARS}
     os.environ.update({k: str(threads) for k in _THREAD_VARS})
 
@@ -436,9 +437,26 @@ def _executor(workers: int, scheduler: str | None):
             else:
                 os.environ[k] = v
 
-    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(),
                              initializer=_init_worker, initargs=(threads,))
-    return ex, [restore]
+    return ex, [restore], workers
+
+
+#: imported once by the fork server, so that workers start without re-importing them
+PRELOAD = ("forcedweight.runner", "forcedweight.enumerate", "forcedweight.solvers.bnb",
+           "forcedweight.solvers.mitm")
+
+
+def _mp_context():
+    """A fork server (a clean process, never the caller's threads or torch state) with the
+    certification modules preloaded; plain spawn where fork servers do not exist."""
+    import multiprocessing as mp
+
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        return ctx
+    return mp.get_context("spawn")
 
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")

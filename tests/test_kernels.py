@@ -102,6 +102,21 @@ def test_torch_path_against_reference(G, dtype, with_bias):
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
+def test_torch_path_log2_buckets(monkeypatch, with_bias):
+    # more segments than SEGMENT_LOOP_MAX: the gather-and-pad per log2-length bucket branch
+    import forcedweight.kernels.torch_decode as td
+
+    lengths = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 0, 33, 64, 65, 2, 1]  # 18 segments, 9 buckets
+    q, k, v, indptr, bias = make_case(lengths, 3, 2, 64, with_bias=with_bias, seed=6)
+    out, lse = ragged_decode(q, k, v, indptr, bias)
+    check(out, lse, q, k, v, indptr, bias, torch.float32)
+    monkeypatch.setattr(td, "SEGMENT_LOOP_MAX", 0)  # and the same bucketing for few segments
+    q, k, v, indptr, bias = make_case(LENGTHS, 2, 3, 64, with_bias=with_bias, seed=7)
+    out, lse = ragged_decode(q, k, v, indptr, bias)
+    check(out, lse, q, k, v, indptr, bias, torch.float32)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
 def test_torch_path_uniform_lengths_view(with_bias):
     # equal lengths take the no-copy view branch of the padded method
     q, k, v, indptr, bias = make_case([9, 9, 9, 9], 2, 3, 64, with_bias=with_bias, seed=5)

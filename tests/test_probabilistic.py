@@ -359,6 +359,17 @@ def test_study_end_to_end_tables_figures_and_an_independent_recheck(tiny_rows, t
     assert (comp["effective_mean"] - comp["target_ratio"]).abs().max() < 0.15
 
 
+def test_study_is_deterministic_given_the_seed(tiny_rows):
+    from forcedweight.probabilistic.study import study_trajectory
+
+    tr = load_trajectories(tiny_rows)[0]
+    cfg = StudyConfig(ratios=(0.5,), taus=(1.0,), seeds=2, proposals=("h2o",))
+    a, b = study_trajectory(tr, cfg), study_trajectory(tr, cfg)
+    assert a == b
+    cfg.seed = 1
+    assert [r["error"] for r in study_trajectory(tr, cfg)] != [r["error"] for r in a]
+
+
 def test_study_rejects_a_dump_without_all_positions(tmp_path):
     rows = _tiny_dump(tmp_path / "d", texts=1, layers=1, length=8, drop=(0, 0, 1, 5))
     with pytest.raises(InputError, match="all-positions"):

@@ -51,6 +51,19 @@ def test_generation_matches_dynamic_cache_tiny():
     assert cache.lengths(0).tolist() == [22] * 4
 
 
+def test_generation_through_triton_kernel_matches_dynamic_cache():
+    # the decode steps through the Triton kernel (interpreted on CPU), launched from the cache's host lengths
+    dense, _ = tiny_pair(seed=2)
+    dense.set_attn_implementation("sdpa")
+    ragged = use_ragged_attention(tiny_llama(2, **TINY), backend="triton")
+    ids = prompt(1, 9, seed=2)
+    a = greedy(dense, ids, DynamicCache(config=dense.config), 4)
+    b = greedy(ragged, ids, RaggedKVCache(), 4)
+    assert torch.equal(a.sequences, b.sequences)
+    # float32, the kernel's fp32 ("ieee") dots: rounding only
+    assert max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits)) <= 1e-4
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from forcedweight.models import load_model
@@ -129,6 +142,7 @@ def test_evict_then_decode_equals_restricted_dense_attention(with_bias):
         past += L
     assert rc.get_seq_length() == N + 6
     assert rc.lengths(0).tolist() == [s + 6 for s in sizes]
+    assert torch.equal(rc.layers[0].indptr.diff(), rc.lengths(0))  # host copy agrees with the device indptr
 
 
 def test_evict_releases_storage_and_bytes_match_entries():
@@ -141,7 +155,8 @@ def test_evict_releases_storage_and_bytes_match_entries():
     entry = 2 * 16 * 4  # K and V, head dim 16, float32
     assert rc.nominal_bytes() == 3 * B * 2 * N * entry
     for layer in range(3):
-        rc.evict(layer, torch.stack([torch.stack(random_keep([N] * 2, [budget] * 2, seed=layer + 10 * b)) for b in range(B)]))
+        keep = [torch.stack(random_keep([N] * 2, [budget] * 2, seed=layer + 10 * b)) for b in range(B)]
+        rc.evict(layer, torch.stack(keep))  # the [B, Hkv, s] tensor form
     kept = 3 * B * 2 * budget
     assert rc.entries() == kept and rc.nominal_bytes() == kept * entry
     phys = rc.physical_bytes()

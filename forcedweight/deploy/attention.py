@@ -40,15 +40,19 @@ def ragged_attention_forward(module, query, key, value, attention_mask, scaling=
     (out [B, L, Hq, Dv], None)
     """
     if not isinstance(key, RaggedKV):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     view = key
     B, Hq, L, D = query.shape
     scale = D**-0.5 if scaling is None else scaling
     if L == 1:
         out, _ = ragged_decode(
-            query[:, :, 0, :], view.k, view.v, view.indptr, view.bias, sm_scale=scale, check_indptr=False
+            query[:, :, 0, :], view.k, view.v, view.indptr, view.bias, sm_scale=scale,
+            check_indptr=False, max_len=view.max_len,  # the cache built indptr: no host read needed
+            backend=getattr(getattr(module, "config", None), "ragged_decode_backend", None),
         )
-        return out.unsqueeze(1), None
+        return out.to(query.dtype).unsqueeze(1), None
     return _prefill(query, view, scale), None
 
 
@@ -60,7 +64,7 @@ def _prefill(query, view: RaggedKV, scale: float):
     Dv = view.v.shape[1]
     lengths = view.indptr[1:] - view.indptr[:-1]  # past + L per segment
     past = lengths - L
-    P = int(past.max())
+    P = view.max_len - L if S else 0
     dev = query.device
     # padded [S, P + L] slots: past entries left-aligned in [0, past_s), new tokens at [P, P + L)
     slot = torch.arange(P + L, device=dev)
@@ -95,9 +99,18 @@ def register() -> str:
     return ATTENTION_NAME
 
 
-def use_ragged_attention(model):
-    """Register the function and switch ``model`` to it (no change to the model's classes)."""
+def use_ragged_attention(model, backend: str | None = None):
+    """Register the function and switch ``model`` to it (no change to the model's classes).
+
+    ``backend`` ("triton", "torch", "reference"; None: by device) is stored on the model config as
+    ``ragged_decode_backend`` and used for decode steps.
+    """
     model.set_attn_implementation(register())
+    model.config.ragged_decode_backend = backend
+    for sub in model.modules():  # attention modules may hold their own (text) config
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and cfg is not model.config:
+            cfg.ragged_decode_backend = backend
     return model
 
 

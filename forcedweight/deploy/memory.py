@@ -95,7 +95,8 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, rat
     for i in range(layers):
         keep = recency_random_selection(N, budget, B * Hkv, seed + 1 + i)
         mask = torch.zeros(B, Hkv, N, dtype=torch.bool, device=lm.device)
-        mask.view(B * Hkv, N)[torch.arange(B * Hkv).repeat_interleave(len(keep[0])), torch.from_numpy(np.concatenate(keep))] = True
+        seg = torch.arange(B * Hkv, device=mask.device).repeat_interleave(len(keep[0]))
+        mask.view(B * Hkv, N)[seg, torch.from_numpy(np.concatenate(keep)).to(mask.device)] = True
         masks.append(mask)
         ragged.evict(i, [torch.from_numpy(k) for k in keep])
     mask_bytes = physical_bytes(masks)

@@ -33,6 +33,7 @@ class RaggedKV:
     bias : Tensor [T] float32 or None.
     new_len : int, tokens appended by this update (the query length L).
     batch, kv_heads : int.
+    max_len : int, the longest segment (known on the host: launching the kernel needs no device sync).
     """
 
     k: torch.Tensor
@@ -42,6 +43,7 @@ class RaggedKV:
     new_len: int
     batch: int
     kv_heads: int
+    max_len: int
 
 
 def physical_bytes(tensors) -> int:
@@ -68,7 +70,7 @@ class RaggedLayer(CacheLayerMixin):
 
     def __init__(self, **kwargs):
         super().__init__()
-        self.k = self.v = self.indptr = self.bias = None
+        self.k = self.v = self.indptr = self.bias = self.host_lengths = None
         self.batch = self.kv_heads = 0
         self.seen = 0
 
@@ -80,6 +82,7 @@ class RaggedLayer(CacheLayerMixin):
         self.k = key_states.new_empty(0, D)
         self.v = value_states.new_empty(0, value_states.shape[-1])
         self.indptr = torch.zeros(B * Hkv + 1, dtype=torch.int64, device=self.device)
+        self.host_lengths = torch.zeros(B * Hkv, dtype=torch.int64)  # a CPU copy of the segment lengths
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -91,12 +94,15 @@ class RaggedLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         B, Hkv, L, D = key_states.shape
         if (B, Hkv) != (self.batch, self.kv_heads):
-            raise ValueError(f"RaggedKVCache: update with batch/heads {(B, Hkv)}, cache holds {(self.batch, self.kv_heads)}")
+            raise ValueError(
+                f"RaggedKVCache: update with batch/heads {(B, Hkv)}, cache holds {(self.batch, self.kv_heads)}"
+            )
         S = B * Hkv
         lengths = self.indptr[1:] - self.indptr[:-1]
+        host_new = self.host_lengths + L
+        T_new = int(host_new.sum())  # host arithmetic: no device sync on CUDA
         new_indptr = torch.zeros_like(self.indptr)
         new_indptr[1:] = torch.cumsum(lengths + L, 0)
-        T_new = int(new_indptr[-1])
         seg = torch.repeat_interleave(torch.arange(S, device=self.device), lengths, output_size=self.k.shape[0])
         old_dest = torch.arange(self.k.shape[0], device=self.device) + seg * L
         new_dest = (new_indptr[1:, None] - L + torch.arange(L, device=self.device)).reshape(-1)
@@ -110,9 +116,9 @@ class RaggedLayer(CacheLayerMixin):
             bias = torch.zeros(T_new, dtype=torch.float32, device=self.device)
             bias[old_dest] = self.bias
             self.bias = bias
-        self.k, self.v, self.indptr = k, v, new_indptr
+        self.k, self.v, self.indptr, self.host_lengths = k, v, new_indptr, host_new
         self.seen += L
-        view = RaggedKV(self.k, self.v, self.indptr, self.bias, L, B, Hkv)
+        view = RaggedKV(self.k, self.v, self.indptr, self.bias, L, B, Hkv, int(host_new.max()))
         return view, view
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -125,7 +131,7 @@ class RaggedLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.k = self.v = self.indptr = self.bias = None
+        self.k = self.v = self.indptr = self.bias = self.host_lengths = None
         self.seen = 0
         self.is_initialized = False
 
@@ -144,8 +150,8 @@ class RaggedLayer(CacheLayerMixin):
     # --- ragged API ------------------------------------------------------------------------------
     @property
     def lengths(self) -> torch.Tensor:
-        """Entries held per segment, [B*Hkv] int64."""
-        return self.indptr[1:] - self.indptr[:-1]
+        """Entries held per segment, [B*Hkv] int64 (a CPU tensor)."""
+        return self.host_lengths.clone()
 
     def segment(self, b: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys [n, D] and values [n, Dv] held for batch ``b``, KV head ``h``."""
@@ -183,8 +189,9 @@ class RaggedLayer(CacheLayerMixin):
                     raise InputError(f"evict: segment {s}: bias has {b.numel()} entries, keep has {idx.numel()}")
                 kept_bias.append(b[order])
         flat = torch.cat(gathered) if gathered else torch.zeros(0, dtype=torch.int64, device=self.device)
+        self.host_lengths = torch.tensor([g.numel() for g in gathered], dtype=torch.int64)
         new_indptr = torch.zeros_like(self.indptr)
-        new_indptr[1:] = torch.cumsum(torch.tensor([g.numel() for g in gathered], device=self.device), 0)
+        new_indptr[1:] = torch.cumsum(self.host_lengths.to(self.device), 0)
         # index_select allocates new, exactly sized tensors; dropping the old references frees them
         self.k = self.k.index_select(0, flat).contiguous()
         self.v = self.v.index_select(0, flat).contiguous()
@@ -207,7 +214,9 @@ def _as_list(x, batch: int, kv_heads: int, name: str) -> list:
     S = batch * kv_heads
     if isinstance(x, torch.Tensor):
         if x.dim() != 3 or tuple(x.shape[:2]) != (batch, kv_heads):
-            raise InputError(f"evict: {name} tensor must be [B, Hkv, s] = [{batch}, {kv_heads}, s], got {tuple(x.shape)}")
+            raise InputError(
+                f"evict: {name} tensor must be [B, Hkv, s] = [{batch}, {kv_heads}, s], got {tuple(x.shape)}"
+            )
         return list(x.reshape(S, -1))
     x = list(x)
     if len(x) != S:

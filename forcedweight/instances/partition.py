@@ -141,14 +141,22 @@ def instance_kinds(kinds: Iterable[str] | str) -> tuple[str, ...]:
 
 
 def generate(m: int, count: int, seed: int, bits: int | None = None,
-             kinds: Iterable[str] | str = KINDS) -> list[dict]:
-    """``count`` instances, kinds assigned round-robin; instance i from ``SeedSequence([seed, m, i])``."""
+             kinds: Iterable[str] | str = KINDS, progress: bool = False) -> list[dict]:
+    """``count`` instances, kinds assigned round-robin; instance i from ``SeedSequence([seed, m, i])``.
+
+    ``progress`` shows a rich progress bar (each no/near-miss proof takes ~0.3 s at m = 40).
+    """
     bits = check_parameters(m, bits)
     kinds = instance_kinds(kinds)
     if count < 1:
         raise InputError(f"--count must be >= 1, got {count}")
     out = []
-    for i in range(count):
+    indices = range(count)
+    if progress:
+        from rich.progress import track
+
+        indices = track(indices, description=f"instances m={m}", transient=True)
+    for i in indices:
         rng = np.random.default_rng(np.random.SeedSequence([seed, m, i]))
         inst = make_instance(kinds[i % len(kinds)], m, bits, rng)
         inst.update(row_id=i, bits=bits, seed=seed)
@@ -232,10 +240,10 @@ def rounding_bound(m: int, bits: int) -> float:
 
 
 def write_partition(out_dir: str | Path, m: int, count: int, seed: int, bits: int | None = None,
-                    kinds: Iterable[str] | str = KINDS) -> Path:
+                    kinds: Iterable[str] | str = KINDS, progress: bool = False) -> Path:
     """Generate and write ``out_dir/partition-m{m}.parquet`` plus a JSON manifest beside it."""
     kinds = instance_kinds(kinds)
     bits = check_parameters(m, bits)
-    rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds)]
+    rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds, progress)]
     manifest = _manifest("zeroes-from-balanced-partition", m, count, seed, bits, kinds, rows)
     return write_instances(rows_table(rows, PARTITION_FIELDS), out_dir, f"partition-m{m}", manifest)

@@ -41,7 +41,9 @@ def validate_ragged(q, k, v, indptr, bias=None, check_indptr: bool = True) -> tu
             f"got {q.dtype}, {k.dtype}, {v.dtype}"
         )
     if indptr.dim() != 1 or indptr.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"ragged_decode: indptr must be a 1-D int32/int64 tensor, got {indptr.dtype} {tuple(indptr.shape)}")
+        raise InputError(
+            f"ragged_decode: indptr must be a 1-D int32/int64 tensor, got {indptr.dtype} {tuple(indptr.shape)}"
+        )
     S = indptr.numel() - 1
     if B == 0 or S <= 0 or S % B != 0:
         raise InputError(f"ragged_decode: indptr has {indptr.numel()} entries, expected B*Hkv + 1 with B = {B}")
@@ -83,7 +85,8 @@ def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None
     backend : None (CUDA → "triton", CPU → "torch"), or "triton", "torch", "reference".
     check_indptr : validate indptr's values (a host read; callers that built indptr themselves, like the
         ragged cache, pass False to skip the device sync).
-    kernel_options : passed to the Triton kernel (``num_splits``, ``block_n``).
+    kernel_options : passed to the Triton launch (``num_splits``, ``block_n``, ``max_len`` = the longest
+        segment, which saves a device sync); ignored by the other backends.
 
     Returns
     -------
@@ -100,7 +103,7 @@ def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None
         from forcedweight.kernels.reference import ragged_decode_reference
 
         return ragged_decode_reference(q, k, v, indptr, bias, sm_scale)
-    if backend == "torch":
+    if backend == "torch":  # kernel_options (num_splits, block_n, max_len) concern the Triton launch only
         from forcedweight.kernels.torch_decode import ragged_decode_torch
 
         return ragged_decode_torch(q, k, v, indptr, bias, sm_scale)

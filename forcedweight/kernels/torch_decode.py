@@ -4,8 +4,9 @@ Exact strategies:
 
 - **padded**: segments viewed (all lengths equal: no copy) or gathered into [S, Lmax, D]; logits for
   the G query heads of each group as one batched matmul, masked softmax, batched matmul with values;
-- **bucketed** (default when lengths differ): segments grouped by ``ceil(log2(length))``, the padded
-  strategy per group, so padding never more than doubles the entries touched;
+- **bucketed** (default when lengths differ): up to ``SEGMENT_LOOP_MAX`` segments, each one alone
+  (zero-copy views); beyond, segments grouped by ``ceil(log2(length))``, the padded strategy per group,
+  so padding never more than doubles the entries touched;
 - **scatter**: no padding at all: each packed entry gets its segment id (``repeat_interleave``),
   logits are gathered dot products, and the per-segment softmax is a scatter (``scatter_reduce`` amax,
   then ``index_add_`` of the exponentials and of the weighted values). Slower; kept as a cross-check.
@@ -20,6 +21,7 @@ import math
 import torch
 
 METHODS = ("auto", "padded", "bucketed", "scatter")
+SEGMENT_LOOP_MAX = 16  # up to this many segments, "bucketed" takes each segment alone (views, no copy)
 
 
 def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto", chunk=1 << 16):
@@ -59,7 +61,10 @@ def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto"
         num = torch.zeros(S, G, Dv, dtype=acc, device=q.device)
         denom = torch.zeros(S, G, dtype=acc, device=q.device)
         m = torch.zeros(S, G, dtype=acc, device=q.device)
-        bucket = torch.ceil(torch.log2(lengths.clamp_min(1).to(torch.float64))).long()
+        if S <= SEGMENT_LOOP_MAX:  # few segments: one zero-copy view per segment beats gathering
+            bucket = torch.arange(S, device=q.device)
+        else:  # many: group by ceil(log2(length)), gather and pad per group
+            bucket = torch.ceil(torch.log2(lengths.clamp_min(1).to(torch.float64))).long()
         bucket[lengths == 0] = -1  # empty segments: nothing to compute
         for j in torch.unique(bucket).tolist():
             if j < 0:
@@ -85,10 +90,12 @@ def _padded(qs, k, v, starts, lengths, bias, scale, acc):
     S = qs.shape[0]
     T = k.shape[0]
     lmax = int(lengths.max())
-    # one contiguous run of equal segments (e.g. an unevicted cache): plain views, no copy
-    uniform = bool((lengths == lmax).all()) and S * lmax == T and int(starts[0]) == 0
+    # one contiguous run of equal segments (an unevicted cache, a single segment): plain views, no copy
+    s0 = int(starts[0])
+    run = starts - s0 == lmax * torch.arange(S, device=k.device)
+    uniform = bool((lengths == lmax).all()) and bool(run.all())
     if uniform:
-        kp, vp = k.view(S, lmax, -1), v.view(S, lmax, -1)
+        kp, vp = k[s0:s0 + S * lmax].view(S, lmax, -1), v[s0:s0 + S * lmax].view(S, lmax, -1)
         src, valid = None, None
     else:
         pos = torch.arange(lmax, device=k.device)
@@ -100,7 +107,7 @@ def _padded(qs, k, v, starts, lengths, bias, scale, acc):
     logits = torch.bmm(qs, kp.to(acc).transpose(1, 2))  # [S, G, Lmax]
     logits.mul_(scale)
     if bias is not None:
-        b = bias.to(acc).view(S, lmax) if uniform else bias.to(acc).index_select(0, flat).view(S, lmax)
+        b = bias[s0:s0 + S * lmax].to(acc).view(S, lmax) if uniform else bias.to(acc).index_select(0, flat).view(S, lmax)
         logits.add_(b.unsqueeze(1))
     if valid is not None:
         logits.masked_fill_(~valid.unsqueeze(1), -math.inf)

@@ -53,7 +53,8 @@ def _split_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         rows = n0 + offs_n
         n_mask = rows < hi
-        kt = tl.load(K + rows[:, None] * stride_k + offs_d[None, :], mask=n_mask[:, None] & (offs_d[None, :] < D), other=0.0)
+        k_mask = n_mask[:, None] & (offs_d[None, :] < D)
+        kt = tl.load(K + rows[:, None] * stride_k + offs_d[None, :], mask=k_mask, other=0.0)
         if DOT_FP32:
             qk = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         elif LOW_PRECISION:
@@ -70,7 +71,8 @@ def _split_kernel(
         alpha = tl.exp(m_i - m_use)
         p = tl.exp(qk - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(V + rows[:, None] * stride_v + offs_dv[None, :], mask=n_mask[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        v_mask = n_mask[:, None] & (offs_dv[None, :] < DV)
+        vt = tl.load(V + rows[:, None] * stride_v + offs_dv[None, :], mask=v_mask, other=0.0)
         if DOT_FP32:
             pv = tl.dot(p.to(vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
         elif LOW_PRECISION:
@@ -171,9 +173,10 @@ def choose_num_splits(num_segments: int, max_len: int, block_n: int, device: tor
     return int(max(1, min(tiles, triton.cdiv(programs, max(1, num_segments)), 256)))
 
 
-def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=None, block_n=None):
+def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=None, block_n=None, max_len=None):
     """Triton split-K decode; arguments and returns as :func:`forcedweight.kernels.ragged_decode`
-    (inputs assumed validated). ``num_splits`` and ``block_n`` override the launch choice."""
+    (inputs assumed validated). ``num_splits`` and ``block_n`` override the launch choice; ``max_len``
+    (longest segment, if the caller knows it) avoids reading indptr on the host."""
     B, Hq, D = q.shape
     S = indptr.numel() - 1
     G = Hq // (S // B)
@@ -187,8 +190,9 @@ def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=N
     indptr = indptr.to(torch.int64).contiguous()
     if block_n is None:
         block_n = 64 if max(D, DV) <= 128 else 32
-    if num_splits is None:  # reads the longest segment on the host; pass num_splits to avoid the sync
-        max_len = int((indptr[1:] - indptr[:-1]).max()) if S > 0 else 0
+    if num_splits is None:
+        if max_len is None:  # a host read of indptr (a device sync on CUDA)
+            max_len = int((indptr[1:] - indptr[:-1]).max()) if S > 0 else 0
         num_splits = choose_num_splits(S, max_len, block_n, q.device)
     g_pad = max(16, triton.next_power_of_2(G))
     out_p = torch.empty(S * num_splits * G, DV, dtype=torch.float32, device=q.device)
