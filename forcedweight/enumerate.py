@@ -124,14 +124,15 @@ def _unrank(rank, P, s, binom, out):
 
 
 @njit(cache=True)
-def _push(l, idx, G, gd, pw, nrm, c, n2, w, b):
+def _push(l, idx, G2, gd, pw, nrm, c2, n2, w, b):
+    """Append idx[l] to the prefix: c2[l+1] = c2[l] + 2 G[idx[l]] (keys after it only)."""
     i = idx[l]
-    n2[l + 1] = n2[l] + 2.0 * c[l, i] + gd[i]
+    n2[l + 1] = n2[l] + c2[l, i] + gd[i]
     w[l + 1] = w[l] + pw[i]
     b[l + 1] = b[l] + nrm[i]
-    P = G.shape[0]
+    P = G2.shape[0]
     for k in range(i + 1, P):
-        c[l + 1, k] = c[l, k] + G[i, k]
+        c2[l + 1, k] = c2[l, k] + G2[i, k]
 
 
 @njit(cache=True)
@@ -199,7 +200,8 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
 
     The prefix ``idx[:s-2]`` advances in lexicographic order; the last two elements (k1, k2)
     run in a double loop where each subset costs O(1):
-    ``n2 = n2_T + h[k1] + h[k2] + 2 G[k1, k2]`` with ``h = 2 c_T + diag(G)``.
+    ``n2 = n2_T + (c2[k1] + G_k1k1) + c2[k2] + (G_k2k2 + 2 G_k1k2)`` with ``c2 = 2 <y_T, a_k>``;
+    the last bracket is the prefix-independent table ``R``.
 
     mode 0: keep the ``topL.shape[0]`` subsets with the smallest rounding-safe lower end
     ``(n2 - kappa b^2) / w^2`` in ``topL``/``topS`` (unused slots stay inf).
@@ -210,25 +212,25 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
     idx = np.empty(s, np.int64)
     _unrank(rank0, P, s, binom, idx)
     L = s - 2  # prefix length
-    c = np.zeros((L + 1, P))
+    c2 = np.zeros((L + 1, P))
     n2 = np.zeros(L + 1)
     w = np.zeros(L + 1)
     b = np.zeros(L + 1)
-    h = np.empty(P)
     G2 = 2.0 * G  # exact scaling by 2
+    # R[k1, k2] = G_k2k2 + 2 G_k1k2: the prefix-independent part of adding the pair (k1, k2)
+    R = G2 + gd.reshape(1, P)
     sufmax = np.zeros(P + 1)
     for k in range(P - 1, -1, -1):
         sufmax[k] = max(sufmax[k + 1], nrm[k])
     for l in range(L):
-        _push(l, idx, G, gd, pw, nrm, c, n2, w, b)
+        _push(l, idx, G2, gd, pw, nrm, c2, n2, w, b)
     state = np.empty(3)
     state[0] = 0.0
     state[1] = 0.0
     state[2] = np.inf
     remaining = count
     while True:
-        for k in range(idx[s - 2], P):  # only keys after the prefix are used
-            h[k] = 2.0 * c[L, k] + gd[k]
+        cL = c2[L]
         n2T = n2[L]
         wT = w[L]
         bT = b[L]
@@ -239,17 +241,17 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
             wb = wT + pw[k1]
             # rounding margin with the largest ||a_k2|| still ahead (suffix max): one constant
             bb = bT + nrm[k1] + sufmax[k2s]
-            base = n2T + h[k1] - kappa * bb * bb
-            Gk = G2[k1]
+            base = n2T + cL[k1] + gd[k1] - kappa * bb * bb
+            Rk = R[k1]
             thrK = state[2] if mode == 0 else thr
             hit = False
             for k2 in range(k2s, kend):
-                lo = base + h[k2] + Gk[k2]
+                lo = base + cL[k2] + Rk[k2]
                 wv = wb + pw[k2]
                 hit |= lo <= thrK * (wv * wv)
             if hit:
                 for k2 in range(k2s, kend):
-                    lo = base + h[k2] + Gk[k2]
+                    lo = base + cL[k2] + Rk[k2]
                     wv = wb + pw[k2]
                     w2 = wv * wv
                     thrK = state[2] if mode == 0 else thr
@@ -269,7 +271,7 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
         for j in range(l + 1, s):
             idx[j] = idx[j - 1] + 1
         for j in range(l, L):
-            _push(j, idx, G, gd, pw, nrm, c, n2, w, b)
+            _push(j, idx, G2, gd, pw, nrm, c2, n2, w, b)
     bestv[0] = state[2] if mode == 1 else np.inf
 
 

@@ -66,6 +66,7 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
         options.s_values,
         CertifyOptions(solver=options.solver, time_limit=options.time_limit, seed=options.seed),
         workers=options.workers,
+        skip_invalid=True,  # rows with N <= s (early query positions) are recorded as invalid, not fatal
         progress=progress,
     )
     return build_report(results, report_dir, seed=options.seed, command=command)

@@ -6,11 +6,17 @@ Each subcommand lives in its own module of this package and exposes ``register(a
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-import typer
+# The analysis makes many small LAPACK calls (SVDs of a few dozen rows); a pool of BLAS threads
+# per call only adds contention. Set before NumPy loads; a user's explicit setting wins.
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from forcedweight.rows import InputError
+import typer  # noqa: E402
+
+from forcedweight.rows import InputError  # noqa: E402
 
 app = typer.Typer(
     add_completion=False,
