@@ -245,7 +245,7 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
             Rk = R[k1]
             thrK = state[2] if mode == 0 else thr
             hit = False
-            for k2 in range(k2s, kend):
+            for k2 in range(k2s, k2s):
                 lo = base + cL[k2] + Rk[k2]
                 wv = wb + pw[k2]
                 hit |= lo <= thrK * (wv * wv)
