@@ -29,7 +29,23 @@ from forcedweight.dumps import builtin_texts, dump_rows
 
 
 def maxrss_mib() -> float:
+    """Peak resident memory of this process (MiB): VmHWM, which reset_peak() can reset on Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def reset_peak() -> bool:
+    """Reset the peak-RSS counter (Linux >= 4.0: write 5 to /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 def plain_forward(loaded, token_ids) -> float:
@@ -68,12 +84,16 @@ def main(argv=None) -> None:
     n_tokens = sum(len(t) for t in token_ids)
     rss_loaded = maxrss_mib()
     plain_forward(loaded, token_ids[:1])  # warm-up
+    peak_reset = reset_peak()
+    plain_forward(loaded, token_ids)
+    rss_forward = maxrss_mib()
 
     kw = dict(layers=args.layers, heads=args.heads, positions=args.positions, all_positions=args.all_positions,
               with_keys=args.with_keys, stats_s=args.stats_s, progress=False)
     base_s, cap_s, n_rows, out_bytes = [], [], 0, 0
     workdir = Path(tempfile.mkdtemp(prefix="bench_dump_"))
     try:
+        reset_peak()
         for rep in range(args.repeats):
             base_s.append(plain_forward(loaded, token_ids))
             out = workdir / f"rep{rep}"
@@ -83,6 +103,7 @@ def main(argv=None) -> None:
             n_rows = rows.count_rows(out)
             out_bytes = sum(p.stat().st_size for p in out.iterdir())
             shutil.rmtree(out)
+        rss_dump = maxrss_mib()
         # memory: one more (untimed) dump under tracemalloc, which slows Python allocations
         tracemalloc.start()
         dump_rows(loaded, texts, workdir / "mem", **kw)
@@ -101,8 +122,12 @@ def main(argv=None) -> None:
     print(f"ratio capture / plain forward: median {cap / base:.2f}x, best-of-runs {min(cap_s) / min(base_s):.2f}x "
           "(goal <= 1.2x)")
     print(f"rows: {n_rows}  ->  {n_rows / cap:,.0f} rows/s;  output {out_bytes / 2**20:.1f} MiB")
-    print(f"peak RSS: {rss_loaded:.0f} MiB after loading the model, {maxrss_mib():.0f} MiB at the end; "
-          f"peak Python/NumPy allocations during a dump (tracemalloc): {py_peak / 2**20:.1f} MiB")
+    if peak_reset:
+        print(f"peak RSS: plain forward {rss_forward:.0f} MiB, dump_rows {rss_dump:.0f} MiB "
+              f"(loading the model peaked at {rss_loaded:.0f} MiB)")
+    else:
+        print(f"peak RSS over the whole run: {maxrss_mib():.0f} MiB (could not reset the peak counter)")
+    print(f"peak Python/NumPy allocations during a dump (tracemalloc): {py_peak / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

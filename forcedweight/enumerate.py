@@ -123,7 +123,7 @@ def _unrank(rank, P, s, binom, out):
         x += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push(l, idx, G2, gd, pw, nrm, c2, n2, w, b):
     """Append idx[l] to the prefix: c2[l+1] = c2[l] + 2 G[idx[l]] (keys after it only)."""
     i = idx[l]
@@ -230,7 +230,6 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
     state[2] = np.inf
     remaining = count
     while True:
-        cL = c2[L]
         n2T = n2[L]
         wT = w[L]
         bT = b[L]
@@ -241,17 +240,16 @@ def _scan(G, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
             wb = wT + pw[k1]
             # rounding margin with the largest ||a_k2|| still ahead (suffix max): one constant
             bb = bT + nrm[k1] + sufmax[k2s]
-            base = n2T + cL[k1] + gd[k1] - kappa * bb * bb
-            Rk = R[k1]
+            base = n2T + c2[L, k1] + gd[k1] - kappa * bb * bb
             thrK = state[2] if mode == 0 else thr
             hit = False
-            for k2 in range(k2s, k2s):
-                lo = base + cL[k2] + Rk[k2]
+            for k2 in range(k2s, kend):
+                lo = base + c2[L, k2] + R[k1, k2]
                 wv = wb + pw[k2]
                 hit |= lo <= thrK * (wv * wv)
             if hit:
                 for k2 in range(k2s, kend):
-                    lo = base + cL[k2] + Rk[k2]
+                    lo = base + c2[L, k2] + R[k1, k2]
                     wv = wb + pw[k2]
                     w2 = wv * wv
                     thrK = state[2] if mode == 0 else thr
@@ -326,7 +324,7 @@ def _binom_table(P: int, s: int) -> np.ndarray:
     t = np.zeros((P + 1, s + 1), dtype=np.int64)
     for n in range(P + 1):
         for k in range(min(n, s) + 1):
-            t[n, k] = math.comb(n, k)
+            t[n, k] = min(math.comb(n, k), 1 << 62)  # clipped: ranks stay < 2**62
     return t
 
 

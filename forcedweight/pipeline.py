@@ -22,7 +22,7 @@ class PipelineOptions:
     s_values: tuple[int, ...] = (8,)
     layers: str | None = None
     heads: str | None = None
-    positions: int = 2
+    positions: int = 4
     max_texts: int = 2
     seed: int = 0
     solver: str = "auto"

@@ -272,11 +272,16 @@ def test_resume_after_kill_gives_uninterrupted_rows(tiny_dir, tiny, tmp_path):
     assert first.returncode == 137, first.stderr
     assert len(list((tmp_path / "killed").glob("rows-*.parquet"))) == 1
     assert not json.loads((tmp_path / "killed" / "manifest.json").read_text())["complete"]
+    (survivor,) = (tmp_path / "killed").glob("rows-*.parquet")
+    stamp = survivor.stat().st_mtime_ns
+    # a kill in the middle of a write leaves only a hidden temporary file, never a partial shard
+    (tmp_path / "killed" / ".rows-t000001-l000.parquet.abc123.tmp").write_bytes(b"PAR1 truncated")
     # rerun with the same arguments (in-process, to keep the test fast: same library call as the CLI)
     texts = read_text_files([tmp_path / f"t{i}.txt" for i in range(len(TEXTS))])
     kw = dict(positions=2, stats_s=(3,), with_keys=True, progress=False)
     dump_rows(str(tiny_dir), texts, tmp_path / "killed", **kw)
     full = dump_rows(tiny, TEXTS, tmp_path / "full", **kw)
+    assert survivor.stat().st_mtime_ns == stamp  # finished shards are skipped, not rewritten
     for kind in ("rows", "stats"):
         got, want = read_dump(tmp_path / "killed", kind), read_dump(full, kind)
         assert got.num_rows == want.num_rows and got.equals(want)

@@ -167,3 +167,16 @@ def test_bad_arguments():
         brute_force_best(p, V, 0)
     with pytest.raises(ValueError):
         candidate_pool(p, V, 2, pool_mass=-1)
+
+
+def test_large_s_close_to_a_large_pool():
+    # C(70, 68) = 2415 subsets, but the binomial table passes C(70, 35) > 2**63 (clipped)
+    rng = np.random.default_rng(8)
+    n = 70
+    p = rng.random(n)
+    p /= p.sum()
+    V = rng.normal(size=(n, 3))
+    v, S = enumerate_best(p, V, np.arange(n), 68)
+    ref = min(op.forced_error(p, V, c) for c in combinations(range(n), 68))
+    # same float64 operator on the minimiser (ties only up to rounding)
+    assert v == pytest.approx(ref, rel=1e-12) and S.size == 68

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         s: List[int] = typer.Option([8], "--s", help="Budget(s) to certify (repeatable)."),
         layers: Optional[str] = typer.Option(None, "--layers", help="Layers, e.g. 0,3,5-7 (default: all)."),
         heads: Optional[str] = typer.Option(None, "--heads", help="Query heads (default: all)."),
-        positions: int = typer.Option(2, "--positions", help="Query positions sampled per (text, layer, head)."),
+        positions: int = typer.Option(4, "--positions", help="Query positions sampled per (text, layer, head)."),
         max_texts: int = typer.Option(2, "--max-texts", help="How many texts of the built-in corpus to run."),
         seed: int = typer.Option(0, "--seed"),
         solver: str = typer.Option("auto", "--solver", help="auto|bnb|scip|cpsat|none"),

@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -35,6 +36,7 @@ FORMAT = "forcedweight-dump/1"
 # A record batch holds at most this many value elements (keeps list offsets within int32).
 _MAX_BATCH_VALUES = 1 << 26
 _EXIT_AFTER_ENV = "FORCEDWEIGHT_DUMP_EXIT_AFTER_SHARDS"  # test hook: simulate kill -9
+_MAX_PENDING_WRITES = 4
 
 
 def parse_index_list(spec: str | Sequence[int] | None, option: str) -> list[int] | None:
@@ -256,6 +258,10 @@ def dump_rows(
     if not isinstance(model, models.LoadedModel):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise InputError(f"--device: {device}: CUDA is not available on this machine")
+        if not (str(device) == "cpu" or str(device).startswith("cuda")):
+            raise InputError(f"--device: unknown device {device!r} (cpu, cuda, cuda:N)")
         model = models.load_model(model, dtype=dtype, device=device)
     net = model.model
     config = net.config
@@ -312,8 +318,16 @@ def dump_rows(
     written = [0]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
-    bar = _progress(progress)
-    with bar:
+    def write(cap: LayerCapture, text_id: int, first_row_id: int) -> None:
+        _write_layer(out_dir, cap, text_id, first_row_id, model.name, with_keys, stats_s)
+        written[0] += 1
+        if exit_after and written[0] >= exit_after:
+            os._exit(137)  # test hook: die like kill -9, right after a shard landed
+
+    # Shards are written by one background thread while the model runs the next layers (pyarrow
+    # releases the GIL); at most a few captured layers wait in memory.
+    pending: list = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forcedweight-dump") as pool, _progress(progress) as bar:
         task = bar.add_task("dump", total=len(texts))
         for text_id, ids in enumerate(token_ids):
             bar.update(task, description=f"text {text_id} ({len(ids)} tokens)")
@@ -326,15 +340,16 @@ def dump_rows(
             todo = {l: p for l, p in plans.items() if not (out_dir / shard_name("rows", text_id, l)).exists()}
 
             def sink(cap: LayerCapture, text_id=text_id, first_ids=first_ids):
-                _write_layer(out_dir, cap, text_id, first_ids[cap.layer], model.name, with_keys, stats_s)
-                written[0] += 1
-                if exit_after and written[0] >= exit_after:
-                    os._exit(137)
+                while len(pending) >= _MAX_PENDING_WRITES or (pending and pending[0].done()):
+                    pending.pop(0).result()  # re-raises a failed write
+                pending.append(pool.submit(write, cap, text_id, first_ids[cap.layer]))
 
             if todo:
                 recorder = Recorder(plans=todo, sink=sink, with_keys=with_keys, stats_s=stats_s, backend=backend)
                 run_capture(net, torch.tensor(ids, dtype=torch.long, device=param.device), recorder)
             bar.advance(task)
+        for future in pending:
+            future.result()
     manifest["complete"] = True
     _write_json_atomic(manifest, manifest_path)
     return out_dir

@@ -1,8 +1,8 @@
 """Texts to capture: a built-in corpus of original passages, and readers for user texts.
 
-The built-in corpus (``builtin_texts()``) holds ten short passages written for this project,
+The built-in corpus (``builtin_texts()``) holds twelve short passages written for this project,
 one per genre (narrative, technical, dialogue, news, code, poetry, recipe, letter, legal,
-lecture notes), about 3,000 SmolLM2 tokens in all: varied enough that heads show both peaked
+lecture notes, scientific abstract, local history), about 2,900 SmolLM2 tokens in all: varied enough that heads show both peaked
 and flat attention rows, small enough to dump on a laptop.
 """
 
@@ -190,6 +190,39 @@ BUILTIN_CORPUS: tuple[tuple[str, str], ...] = (
         "reaching you. Most of the blue has been scattered out of the beam along the way, and what "
         "survives is the red and orange end of the spectrum. Exercise: estimate the ratio for "
         "green light at 530 nanometres.",
+    ),
+    (
+        "abstract",
+        "Abstract. Small freshwater lakes are often treated as well mixed in regional carbon budgets, "
+        "yet many stratify for weeks during calm summers. We measured dissolved oxygen, temperature "
+        "and methane at one-metre depth intervals in fourteen lakes between 0.5 and 12 hectares, "
+        "sampling every four days from May to September. Eleven of the fourteen stratified for at "
+        "least twenty consecutive days, and in those lakes methane below the thermocline rose by a "
+        "median factor of 38 relative to the surface. When wind events broke the stratification, "
+        "between 40 and 70 percent of the stored methane was released within three days, a pulse "
+        "that sampling at monthly intervals would miss entirely. A simple model driven by daily wind "
+        "speed and lake area reproduced the timing of 19 of 23 observed mixing events. Scaling the "
+        "model to the 2,300 small lakes of the study region suggests that annual methane emissions "
+        "from these lakes are underestimated by a factor of 1.6 to 2.4 when stratification is "
+        "ignored. We argue that lake area alone is a poor predictor of emissions and that sampling "
+        "designs should be triggered by wind events rather than fixed calendars.",
+    ),
+    (
+        "history",
+        "In the winter of 1784 the river froze so hard that carts crossed it for eleven weeks, and "
+        "the town's two bridges, which had been a source of tolls and quarrels for a century, were "
+        "for once of no use to anybody. The toll keepers' accounts, which survive in the county "
+        "archive, record nothing from the middle of December to the first days of March except a "
+        "single entry: a shilling taken from a drover who, by his own account, did not trust the "
+        "ice. The thaw, when it came, was sudden. Blocks of ice the size of barns piled against "
+        "the piers of the lower bridge, and on the night of the fourth of March two of its five "
+        "arches gave way. Nobody was killed, though a baker's boy who had been sent across with "
+        "bread for the watchmen was stranded on the middle pier until morning. The rebuilding took "
+        "six years and was paid for by a new toll, which the townspeople resented more than the "
+        "old one, since it applied to foot passengers as well as carts. A petition against it, "
+        "signed by three hundred and twelve residents, is the earliest list of the town's "
+        "inhabitants that we possess, and for that reason it is consulted far more often today "
+        "than it was by the magistrates to whom it was addressed.",
     ),
 )
 

@@ -32,6 +32,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.kernels.attention_stats import attention_rows
+from forcedweight.rows import InputError
 
 ATTENTION_NAME = "forcedweight_capture"
 
@@ -185,4 +186,7 @@ def run_capture(model, input_ids: torch.Tensor, recorder: Recorder) -> None:
             pass
     missing = set(recorder.plans) - recorder.seen
     if missing:
-        raise RuntimeError(f"layers {sorted(missing)} were never reached by the capture attention function")
+        raise InputError(
+            f"--model: layers {sorted(missing)} never called the capture attention function "
+            "(the architecture does not dispatch attention through transformers' AttentionInterface)"
+        )

@@ -64,6 +64,9 @@ def _round(A, p, s, t, nogoods, time_left):
     m.hideOutput()
     m.setParam("limits/time", max(time_left, 0.01))
     m.setParam("numerics/feastol", FEASTOL)
+    # no LP tolerance tightening in cone enforcement: SoPlex without GMP cannot go below 1e-10
+    # and prints a warning on every attempt
+    m.setParam("constraints/nonlinear/tightenlpfeastol", False)
     m.setParam("parallel/maxnthreads", 1)
     m.setParam("randomization/randomseedshift", 0)
     # a round is an infeasibility proof: primal heuristics, cutting planes and presolving cost
