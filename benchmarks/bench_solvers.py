@@ -1,12 +1,14 @@
 """Share of rows proved optimal within a time limit, and median solve time: bnb vs SCIP.
 
     .venv/bin/python benchmarks/bench_solvers.py [--n 64,256,1024] [--rows 4] [--time-limit 2] [--s 8]
-    .venv/bin/python benchmarks/bench_solvers.py --real DUMP_DIR [--n 64,256] [--rows 10]
+    .venv/bin/python benchmarks/bench_solvers.py --real DUMP_DIR [--n 64,256,1024] [--rows 20]
+        [--rows-scip 10] [--seed 0] [--csv per_row.csv]
 
 Synthetic rows: softmax of N(0, sigma^2) logits with Gaussian values (d = 64); "peaked"
 sigma = 3, "flat" sigma = 0.5. ``--real``: rows of a ``forcedweight dump`` whose N lies within
-[0.8 n, n] for each n (the first ``--rows`` of them). Both solvers get the same warm start, the
-pool optimum (``candidate_pool`` + ``enumerate_best``), as ``forcedweight certify`` gives them.
+[0.8 n, n] for each n, a random sample (``--seed``) of ``--rows`` of them (SCIP gets the first
+``--rows-scip`` of that sample). Both solvers get the same warm start, the pool optimum
+(``candidate_pool`` + ``enumerate_best``), as ``forcedweight certify`` gives them.
 """
 
 from __future__ import annotations
@@ -30,15 +32,23 @@ def make_row(n, sigma, d, seed):
     return p / p.sum(), rng.normal(size=(n, d))
 
 
-def real_rows(path, n, k, s):
+def real_rows(path, ns, k, s, seed):
+    """{n: [(p, V, row_id), ...]}: a seeded random sample of k rows with N in [0.8 n, n]."""
     from forcedweight.rows import Row, iter_rows
 
-    out = []
-    for r in iter_rows(path, skip_invalid=True):
-        if isinstance(r, Row) and 0.8 * n <= r.n_keys <= n and r.n_keys > s:
-            out.append((r.p, r.V))
-            if len(out) == k:
-                break
+    ids = {n: [] for n in ns}
+    for i, r in enumerate(iter_rows(path, skip_invalid=True)):
+        if isinstance(r, Row):
+            for n in ns:
+                if 0.8 * n <= r.n_keys <= n and r.n_keys > s:
+                    ids[n].append(i)
+    rng = np.random.default_rng(seed)
+    pick = {n: set(rng.permutation(v)[:k].tolist()) for n, v in ids.items()}
+    out = {n: [] for n in ns}
+    for i, r in enumerate(iter_rows(path, skip_invalid=True)):
+        for n in ns:
+            if i in pick[n]:
+                out[n].append((r.p, r.V, getattr(r, "row_id", i)))
     return out
 
 
@@ -51,7 +61,13 @@ def main():
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--solvers", type=str, default="bnb,scip")
     ap.add_argument("--real", type=str, default=None, help="a dump directory of real rows")
+    ap.add_argument("--rows-scip", type=int, default=None, help="rows per cell for SCIP")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the real-row sample")
+    ap.add_argument("--csv", type=str, default=None, help="write per-row results here")
     args = ap.parse_args()
+    ns = [int(x) for x in args.n.split(",")]
+    real = real_rows(args.real, ns, args.rows, args.s, args.seed) if args.real else None
+    per_row = []
     solvers = {"bnb": solve_bnb, "scip": solve_scip}
     names = [x for x in args.solvers.split(",") if x]
     p, V = make_row(16, 1.0, 4, 0)
@@ -63,12 +79,14 @@ def main():
     print("| N | kind | solver | proved | median s (proved) | median s (all) | "
           "improved on pool | median gap unsolved |")
     print("|---|---|---|---|---|---|---|---|")
-    for n in [int(x) for x in args.n.split(",")]:
+    for n in ns:
         for kind, sigma in KINDS.items() if args.real is None else [("real", None)]:
             if args.real is None:
                 data = [make_row(n, sigma, args.d, 1000 * n + i) for i in range(args.rows)]
+                rids = list(range(len(data)))
             else:
-                data = real_rows(args.real, n, args.rows, args.s)
+                data = [(p, V) for p, V, _ in real[n]]
+                rids = [rid for _, _, rid in real[n]]
                 if not data:
                     continue
             starts = []
@@ -77,7 +95,8 @@ def main():
                 starts.append(enumerate_best(p, V, pool, args.s))
             for name in names:
                 proved, secs, secs_ok, better, gaps = 0, [], [], 0, []
-                for (p, V), (v0, S0) in zip(data, starts):
+                k = len(data) if name != "scip" or args.rows_scip is None else args.rows_scip
+                for (p, V), (v0, S0), rid in list(zip(data, starts, rids))[:k]:
                     t = time.perf_counter()
                     r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit)
                     dt = time.perf_counter() - t
@@ -88,10 +107,22 @@ def main():
                     else:
                         gaps.append(1 - r.lower_bound / r.value)
                     better += r.value < v0 * (1 - 1e-9)
+                    per_row.append(dict(n=n, kind=kind, solver=name, row_id=str(rid),
+                                        n_keys=len(p), proved=r.proved, seconds=dt,
+                                        value=r.value, lower_bound=r.lower_bound, pool=v0,
+                                        nodes=r.info.get("nodes", -1) if r.info else -1))
+                k = len(secs)
                 med_ok = f"{np.median(secs_ok):.3g}" if secs_ok else "-"
                 gap = f"{np.median(gaps):.3g}" if gaps else "-"
-                print(f"| {n} | {kind} | {name} | {proved}/{len(data)} | {med_ok} | "
-                      f"{np.median(secs):.3g} | {better}/{len(data)} | {gap} |", flush=True)
+                print(f"| {n} | {kind} | {name} | {proved}/{k} | {med_ok} | "
+                      f"{np.median(secs):.3g} | {better}/{k} | {gap} |", flush=True)
+    if args.csv:
+        import csv
+
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(per_row[0]))
+            w.writeheader()
+            w.writerows(per_row)
 
 
 if __name__ == "__main__":

@@ -7,3 +7,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+
+import copy  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def _smollm2_session():
+    from forcedweight.models import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def smollm2(_smollm2_session):
+    """The embedded SmolLM2-135M-Instruct, loaded once per session; each module gets its own copy
+    of the model (tests may switch its attention implementation)."""
+    from forcedweight.models import LoadedModel
+
+    loaded = _smollm2_session
+    return LoadedModel(copy.deepcopy(loaded.model), loaded.tokenizer, loaded.name, loaded.source)

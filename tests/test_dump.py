@@ -376,11 +376,6 @@ def test_builtin_corpus_genres():
 # ------------------------------------------------------------------------------ real SmolLM2
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return models.load_model()
-
-
 @pytest.mark.smollm2
 def test_smollm2_rows_equal_float64_recomputation(smollm2, tmp_path):
     cfg = smollm2.model.config

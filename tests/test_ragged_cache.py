@@ -64,13 +64,6 @@ def test_generation_through_triton_kernel_matches_dynamic_cache():
     assert max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits)) <= 1e-4
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from forcedweight.models import load_model
-
-    return load_model()
-
-
 @pytest.mark.smollm2
 def test_generation_matches_dynamic_cache_smollm2(smollm2):
     model, tok = smollm2.model, smollm2.tokenizer

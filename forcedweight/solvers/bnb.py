@@ -42,6 +42,9 @@ _EPS = float(np.finfo(np.float64).eps)
 REL_TOL = 1e-9
 NREF = 2  # supergradient steps on the direction u per node (projection test)
 THETA = 0.5  # first step length (then THETA / 2, ...); measured on synthetic and real rows
+POLISH_ROUNDS = 50  # best-improvement 1-swap rounds on the incumbent
+EXCLUDE_PASSES = 3  # passes of the key-exclusion test (a cleared key helps the next ones)
+EXCLUDE_STEPS = 12  # supergradient steps of the exclusion test per key and pass
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
 
@@ -266,6 +269,144 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 
 
 @njit(cache=True)
+def _polish(A, pw, G, best_set, max_rounds):
+    """Best-improvement 1-swaps over all keys from best_set (in place); returns its E.
+
+    Only moves the incumbent (never part of a proof): every accepted swap is re-evaluated
+    directly in float64 and must be strictly better.
+    """
+    N, d = A.shape
+    s = best_set.shape[0]
+    inset = np.zeros(N, np.bool_)
+    for i in range(s):
+        inset[best_set[i]] = True
+    y = np.zeros(d)
+    w = 0.0
+    for i in range(s):
+        for q in range(d):
+            y[q] += A[best_set[i], q]
+        w += pw[best_set[i]]
+    cur = np.sqrt(np.sum(y * y)) / w if w > 0.0 else np.inf
+    c = A @ y  # <y, a_j>
+    for _ in range(max_rounds):
+        n2 = np.sum(y * y)
+        bv = np.inf
+        bi = -1
+        bj = -1
+        for ii in range(s):
+            i = best_set[ii]
+            for j in range(N):
+                if inset[j]:
+                    continue
+                wv = w - pw[i] + pw[j]
+                if wv <= 0.0:
+                    continue
+                e2 = n2 + G[i, i] + G[j, j] - 2.0 * c[i] + 2.0 * c[j] - 2.0 * G[i, j]
+                v = max(e2, 0.0) / (wv * wv)
+                if v < bv:
+                    bv = v
+                    bi = ii
+                    bj = j
+        if bi < 0:
+            break
+        i = best_set[bi]
+        acc = 0.0
+        for q in range(d):
+            t = y[q] - A[i, q] + A[bj, q]
+            acc += t * t
+        wv = w - pw[i] + pw[bj]
+        e = np.sqrt(acc) / wv
+        if not e < cur:
+            break
+        cur = e
+        for q in range(d):
+            y[q] += A[bj, q] - A[i, q]
+        w = wv
+        for j in range(N):
+            c[j] += G[bj, j] - G[i, j]
+        inset[i] = False
+        inset[bj] = True
+        best_set[bi] = bj
+    return cur
+
+
+@njit(cache=True)
+def _exclude(A, pw, nrm, s, lam, keep, steps, gamma):
+    """Key exclusion (a proof, computed once per key): clears keep[k] when no kept set S
+    containing k and no cleared key can have E(S) < lam. Returns the number cleared.
+
+    Proof. For any u with ||u|| <= 1, ||y_S|| >= <y_S, u>, so E(S) < lam needs
+    ``<a_k, u> - lam p_k + sum_{Z = S - k} (<a_z, u> - lam p_z) < 0``. The sum over Z is at least
+    the sum of the s - 1 smallest terms over the keys still kept other than k (a set with a
+    cleared key j already has E >= lam, the cleared test for j), so when
+    ``f(u) = <a_k, u> - lam p_k + (sum of the s - 1 smallest <a_j, u> - lam p_j) >= 0`` no such S
+    beats lam. f is concave in u with supergradient ``a_k + sum_Z a_z`` (Z the minimisers);
+    ``steps`` projected supergradient steps (Polyak length towards f = 0) start from
+    u = a_k / ||a_k||. Rounding: each dot product is shifted by gamma ||a_j|| (||u|| <= 1), and
+    f must exceed the rounding bound of the final sum. At least s + 1 keys are always kept.
+    """
+    N, d = A.shape
+    r = s - 1
+    g = np.empty(N)
+    buf = np.empty(r)
+    bidx = np.zeros(r, np.int64)
+    u = np.empty(d)
+    gv = np.empty(d)
+    nkeep = 0
+    for k in range(N):
+        if keep[k]:
+            nkeep += 1
+    cleared = 0
+    for k in range(N):
+        if not keep[k] or nkeep <= s + 1 or nrm[k] <= 0.0:
+            continue
+        for q in range(d):
+            u[q] = A[k, q] / nrm[k]
+        for step in range(steps):
+            sc = 0.0
+            for q in range(d):
+                sc += u[q] * u[q]
+            if sc > 1.0:
+                sc = (1.0 - 4.0 * _EPS) / np.sqrt(sc)
+                for q in range(d):
+                    u[q] *= sc
+            for j in range(N):
+                if keep[j] and j != k:
+                    acc = 0.0
+                    for q in range(d):
+                        acc += A[j, q] * u[q]
+                    g[j] = (acc - gamma * nrm[j]) - lam * pw[j]
+                else:
+                    g[j] = np.inf
+            acc = 0.0
+            for q in range(d):
+                acc += A[k, q] * u[q]
+            f0 = (acc - gamma * nrm[k]) - lam * pw[k]
+            tot = f0 + _r_smallest_sum(g, 0, r, buf, bidx)
+            mag = abs(acc) + lam * pw[k] + gamma * nrm[k]
+            for i in range(r):
+                mag += abs(buf[i])
+            if tot > 4.0 * (r + 2) * _EPS * mag:
+                keep[k] = False
+                nkeep -= 1
+                cleared += 1
+                break
+            gn2 = 0.0
+            for q in range(d):
+                gq = A[k, q]
+                for i in range(r):
+                    gq += A[bidx[i], q]
+                gv[q] = gq
+                gn2 += gq * gq
+            if not gn2 > 0.0:
+                break
+            eta = -tot / gn2 * 1.5
+            for q in range(d):
+                u[q] += eta * gv[q]
+    return cleared
+
+
+@njit(cache=True)
 def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma):
     """Proved lower bound on E over the unexplored nodes (min with the incumbent)."""
     N, d = A.shape
@@ -304,7 +445,7 @@ def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs,
 
 
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
-              rel_tol: float = REL_TOL) -> SolverResult:
+              rel_tol: float = REL_TOL, polish: bool = True, exclude: bool = True) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -313,6 +454,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     incumbent : optional (s,) key indices of a known good set (warm start; default top-mass).
     time_limit : seconds (checked between batches of nodes).
     rel_tol : a node is pruned when its bound is >= best * (1 - rel_tol).
+    polish : first improve the incumbent by best-improvement 1-swaps over all keys.
+    exclude : first clear the keys that no set beating the incumbent can contain (``_exclude``).
 
     Returns
     -------
@@ -340,49 +483,71 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     A = np.ascontiguousarray(A0 @ Q[:, ::-1])
     d = A.shape[1]
     pw = np.ascontiguousarray(p[order])
-    cum = np.concatenate([[0.0], np.cumsum(pw)])
     nrm = np.sqrt(np.einsum("ij,ij->i", A, A))
     G = A @ A.T
-    use_box = (N + 1) * (s + 1) * d <= _BOX_MAX
-    shape = (N + 1, s + 1, d) if use_box else (1, 1, 1)
+    kappa = 2.0 * (d + 2 * s + 4) * _EPS  # rounding margin of Gram-based squared norms
+    gamma = 2.0 * (d + s + 4) * _EPS  # rounding margin of Gram-based inner products
+    inc = np.sort(rank[start])
+    if polish and s < N:
+        _polish(A, pw, G, inc, POLISH_ROUNDS)
+        inc = np.sort(inc)
+    y = A[inc].sum(axis=0)
+    w = pw[inc].sum()
+    e_inc = np.linalg.norm(y) / w if w > 0 else np.inf
+    # key exclusion: sets holding a cleared key have E >= lam_x (a proof, see _exclude)
+    keep = np.ones(N, dtype=np.bool_)
+    lam_x = np.inf
+    if exclude and 2 <= s and N > s + 1 and np.isfinite(e_inc):
+        lam_x = e_inc * (1.0 - rel_tol)
+        for _ in range(EXCLUDE_PASSES):
+            if _exclude(A, pw, nrm, s, lam_x, keep, EXCLUDE_STEPS, gamma) == 0:
+                break
+    kid = np.flatnonzero(keep)
+    Ar = np.ascontiguousarray(A[kid])
+    pr = np.ascontiguousarray(pw[kid])
+    nr = np.ascontiguousarray(nrm[kid])
+    Gr = np.ascontiguousarray(G[np.ix_(kid, kid)])
+    M = kid.size
+    cum = np.concatenate([[0.0], np.cumsum(pr)])
+    use_box = (M + 1) * (s + 1) * d <= _BOX_MAX
+    shape = (M + 1, s + 1, d) if use_box else (1, 1, 1)
     lo = np.zeros(shape)
     hi = np.zeros(shape)
     if use_box:
-        _box_tables(A, s, lo, hi)
-        lo[N] = 0.0
-        hi[N] = 0.0
-    kappa = 2.0 * (d + 2 * s + 4) * _EPS  # rounding margin of Gram-based squared norms
-    gamma = 2.0 * (d + s + 4) * _EPS  # rounding margin of Gram-based inner products
-    bestset = np.sort(rank[start])
-    y = A[bestset].sum(axis=0)
-    w = pw[bestset].sum()
-    best = np.array([np.linalg.norm(y) / w if w > 0 else np.inf])
+        _box_tables(Ar, s, lo, hi)
+        lo[M] = 0.0
+        hi[M] = 0.0
+    best = np.array([e_inc])
+    bestset = np.full(s, -1, dtype=np.int64)  # set by the search when it beats the incumbent
     idx = np.zeros(s + 1, dtype=np.int64)
     state = np.zeros(4, dtype=np.int64)
     ys = np.zeros((s + 1, d))
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
-    cs = np.zeros((s + 1, N))
+    cs = np.zeros((s + 1, M))
     budget = 256
     deadline = t0 + time_limit
     while True:
         tb = time.perf_counter()
-        _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
+        _search(Ar, pr, cum, nr, Gr, lo, hi, use_box, s, rel_tol, kappa, gamma,
                 idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA)
         now = time.perf_counter()
         if state[1] or now >= deadline:
             break
         # aim at ~10 ms per batch
         budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
-    S = np.sort(order[bestset])
+    found = kid[bestset] if bestset[0] >= 0 else inc
+    S = np.sort(order[found])
     value = op.forced_error(p, V, S)
     proved = bool(state[1])
     if proved:
         lb = value
     else:
-        lb = float(_open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
+        lb = float(_open_bound(Ar, pr, cum, nr, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
                                bs, cs, best[0], gamma))
-        lb = min(max(lb, 0.0), value)
-    info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box)}
+        lb = min(max(lb, 0.0), lam_x, value)
+    info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
+            "excluded": int(N - M), "polished": bool(e_inc < np.linalg.norm(A[np.sort(rank[start])].sum(0)) / pw[np.sort(rank[start])].sum())
+            if polish else False}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
                         rel_tol * value, info)
