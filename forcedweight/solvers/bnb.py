@@ -203,7 +203,7 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
 
 @njit(cache=True)
 def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-            idx, state, ys, ws, bs, cs, best, bestset, budget, nref, theta):
+            idx, state, ys, ws, bs, cs, best, bestset, budget, nref, theta, nref_top, top_depth):
     """Resumable DFS. state = [t, done, nodes, leaves]; best = [E_best]. Returns after budget."""
     N, d = A.shape
     g = np.empty(N)
@@ -211,8 +211,8 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
     bidx = np.zeros(s, np.int64)
     yv = np.empty(d)
     gv = np.empty(d)
-    zl = np.zeros(max(nref, 1) * s, np.int64)
-    zc = np.zeros(max(nref, 1) * s)
+    zl = np.zeros(max(nref, nref_top, 1) * s, np.int64)
+    zc = np.zeros(max(nref, nref_top, 1) * s)
     t = state[0]
     nodes = 0
     while nodes < budget:
@@ -221,7 +221,8 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
         lam = best[0] * (1.0 - rel_tol)
         r = s - t
         ok = _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, g, buf, bidx, yv, gv, zl, zc, nref, theta)
+                         gamma, g, buf, bidx, yv, gv, zl, zc,
+                         nref_top if t <= top_depth else nref, theta)
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
@@ -445,7 +446,8 @@ def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs,
 
 
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
-              rel_tol: float = REL_TOL, polish: bool = True, exclude: bool = True) -> SolverResult:
+              rel_tol: float = REL_TOL, polish: bool = True, exclude: bool = True,
+              nref_top: int = 2, top_depth: int = 0) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -488,6 +490,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     kappa = 2.0 * (d + 2 * s + 4) * _EPS  # rounding margin of Gram-based squared norms
     gamma = 2.0 * (d + s + 4) * _EPS  # rounding margin of Gram-based inner products
     inc = np.sort(rank[start])
+    e_start = np.linalg.norm(A[inc].sum(axis=0)) / pw[inc].sum() if pw[inc].sum() > 0 else np.inf
     if polish and s < N:
         _polish(A, pw, G, inc, POLISH_ROUNDS)
         inc = np.sort(inc)
@@ -530,7 +533,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     while True:
         tb = time.perf_counter()
         _search(Ar, pr, cum, nr, Gr, lo, hi, use_box, s, rel_tol, kappa, gamma,
-                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA)
+                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA, nref_top, top_depth)
         now = time.perf_counter()
         if state[1] or now >= deadline:
             break
@@ -547,7 +550,6 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
                                bs, cs, best[0], gamma))
         lb = min(max(lb, 0.0), lam_x, value)
     info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
-            "excluded": int(N - M), "polished": bool(e_inc < np.linalg.norm(A[np.sort(rank[start])].sum(0)) / pw[np.sort(rank[start])].sum())
-            if polish else False}
+            "excluded": int(N - M), "polished": bool(e_inc < e_start), "path": idx[:int(state[0]) + 1].tolist()}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
                         rel_tol * value, info)
