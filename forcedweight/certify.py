@@ -95,7 +95,7 @@ class CertifyOptions:
         if not self.time_limit > 0 or not math.isfinite(self.time_limit):
             raise InputError(f"--time-limit must be a positive number of seconds, got {self.time_limit}")
         if self.max_subsets < 1:
-            raise InputError(f"max_subsets must be >= 1, got {self.max_subsets}")
+            raise InputError(f"--max-subsets must be >= 1, got {self.max_subsets}")
         if self.balance_candidates not in ("all", "pool"):
             raise InputError(f"balance_candidates must be 'all' or 'pool', got {self.balance_candidates!r}")
 

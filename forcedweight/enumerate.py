@@ -72,6 +72,11 @@ def brute_force_best(p, V, s: int, chunk: int = 8192) -> tuple[float, np.ndarray
     if not 1 <= s <= n:
         raise ValueError(f"s = {s} outside [1, {n}]")
     A = op.centred_contributions(p, V)
+    # one common rescaling of contributions and masses (as in ``enumerate_best``): same order of E,
+    # no under/overflow in the squares
+    a_max = float(np.abs(A).max())
+    As = A / a_max if 0.0 < a_max < np.inf else A
+    ps = p / p.max() if p.max() > 0 else p
     vals, sets = [], []
     it = combinations(range(n), s)
     while True:
@@ -79,11 +84,11 @@ def brute_force_best(p, V, s: int, chunk: int = 8192) -> tuple[float, np.ndarray
         if block.size == 0:
             break
         block = block.reshape(-1, s)
-        Y = A[block[:, 0]].copy()
-        W = p[block[:, 0]].copy()
+        Y = As[block[:, 0]].copy()
+        W = ps[block[:, 0]].copy()
         for j in range(1, s):  # (chunk, d) temporaries only
-            Y += A[block[:, j]]
-            W += p[block[:, j]]
+            Y += As[block[:, j]]
+            W += ps[block[:, j]]
         with np.errstate(divide="ignore", invalid="ignore"):
             E = np.where(W > 0, np.sqrt(np.einsum("ij,ij->i", Y, Y)) / W, np.inf)
         vals.append(E)
@@ -335,9 +340,18 @@ def _prepare(p, V, pool):
     if pool.size and (pool[0] < 0 or pool[-1] >= p.shape[0]):
         raise ValueError(f"pool has a key outside [0, {p.shape[0]})")
     A = op.centred_contributions(p, V)
-    Ap = np.ascontiguousarray(A[pool])
+    pw = p[pool]
+    # E = ||sum a|| / sum p is unchanged in order (scaled by one constant) when the contributions
+    # and the masses are rescaled: the kernels see a_i with largest entry 1 and masses at most 1,
+    # so the Gram entries neither underflow (tiny values) nor overflow (huge values)
+    a_max = float(np.abs(A[pool]).max()) if pool.size else 0.0
+    a_max = a_max if 0.0 < a_max < np.inf else 1.0
+    p_max = float(pw.max()) if pool.size else 0.0
+    p_max = p_max if p_max > 0.0 else 1.0
+    Ap = np.ascontiguousarray(A[pool] / a_max)
+    pw = np.ascontiguousarray(pw / p_max)
     G = Ap @ Ap.T
-    return p, V, pool, A, Ap, G
+    return p, V, pool, A, Ap, pw, G
 
 
 def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
@@ -357,17 +371,16 @@ def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
     int64 sorted global key indices. Ties (values within ``TIE_REL``) go to the
     lexicographically smallest candidate set.
     """
-    p, V, pool, A, Ap, G = _prepare(p, V, pool)
+    p, V, pool, A, Ap, pw, G = _prepare(p, V, pool)
     P = pool.shape[0]
     if not 1 <= s <= P:
         raise ValueError(f"s = {s} outside [1, pool size {P}]")
     total = math.comb(P, s)
     if total > max_subsets:
         raise ValueError(f"pool of {P} keys has {total:.3g} subsets of size {s} (> {max_subsets:.3g})")
-    pw = np.ascontiguousarray(p[pool])
     if s == 1:
         with np.errstate(divide="ignore", invalid="ignore"):
-            e = np.where(pw > 0, np.linalg.norm(Ap, axis=1) / pw, np.inf)
+            e = np.where(pw > 0, np.array([op._norm(a) for a in Ap]) / pw, np.inf)
         j = int(np.flatnonzero(e <= e.min() * (1.0 + TIE_REL))[0])
         return op.forced_error(p, V, pool[j : j + 1], A), pool[j : j + 1].copy()
     gd = np.ascontiguousarray(np.diag(G))
@@ -408,6 +421,9 @@ def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
         cand_vals.append(bestv[fin, 0])
     sets = np.concatenate(cand_sets)
     vals = np.concatenate(cand_vals)
+    if vals.size == 0:  # every s-subset of the pool has zero mass: E = inf for all of them
+        best = pool[:s]
+        return op.forced_error(p, V, best, A), best.copy()
     m = vals.min()
     tied = sets[vals <= m * (1.0 + 2.0 * TIE_REL)]
     order = np.lexsort(tied.T[::-1])

@@ -33,7 +33,8 @@ import pyarrow as pa
 
 from forcedweight import operator as op
 from forcedweight.rows import (
-    InputError, Row, RowError, iter_batches, list_parquet_files, open_parquet, rows_from_batch, write_table_atomic,
+    InputError, Row, RowError, check_output_file, iter_batches, list_parquet_files, open_parquet, rows_from_batch,
+    write_table_atomic,
 )
 from forcedweight.stats import selector_ratio
 
@@ -187,6 +188,12 @@ def group_voting(
         raise InputError(f"--s: budgets must be >= 1, got {s_values}")
     if max_subsets < 1:
         raise InputError(f"--max-subsets must be >= 1, got {max_subsets}")
+    if pool_mass < 0 or pool_error < 0:
+        raise InputError(f"--pool-mass and --pool-error must be >= 0, got {pool_mass} and {pool_error}")
+    src, out = Path(rows_path), Path(out)
+    if src.is_dir() and src.resolve() in out.resolve().parents:
+        raise InputError(f"{out}: output inside the input directory {src} would be read as input")
+    check_output_file(out)
     sizes = _group_sizes(rows_path)
     pending: dict[tuple, list[Row]] = {}
     records: list[dict] = []

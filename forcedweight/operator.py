@@ -4,13 +4,13 @@ Notation: weights ``p`` (N,), values ``V`` (N, d), kept set ``S`` (an index arra
 With ``a_i = p_i (v_i - mu)`` (the *centred contributions*, rows of ``A``), ``y = sum_{S} a_i``
 and ``w = p(S)``, the forced-weight error is ``E(S) = ||y|| / w``: the identity-friendly form
 every solver in the package shares. Since ``sum_i a_i = 0``, ``y`` is also ``-sum_{S^c} a_i``,
-and the shorter side is summed for accuracy.
+and the shorter side is summed; ``w`` is always summed directly (non-negative terms), and ``A`` is
+centred in two passes so that a large offset shared by the values costs no accuracy.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import nnls
 
 
 def as_index(S, n: int) -> np.ndarray:
@@ -21,6 +21,16 @@ def as_index(S, n: int) -> np.ndarray:
     return idx
 
 
+def _norm(y: np.ndarray) -> float:
+    """``||y||_2`` without under/overflow: ``np.linalg.norm`` squares the entries, so vectors with
+    entries below ~1e-154 (tiny masses or values) or above ~1e154 are rescaled first."""
+    m = float(np.abs(y).max()) if y.size else 0.0
+    if m == 0.0 or not np.isfinite(m) or 1e-150 <= m <= 1e150:
+        return float(np.linalg.norm(y))
+    z = y / m
+    return m * float(np.sqrt(z @ z))
+
+
 def dense_output(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     """``mu = sum_i p_i v_i``, shape (d,)."""
     return p @ V
@@ -28,18 +38,18 @@ def dense_output(p: np.ndarray, V: np.ndarray) -> np.ndarray:
 
 def centred_contributions(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     """``A`` with rows ``a_i = p_i (v_i - mu)``, shape (N, d); its rows sum to zero."""
-    mu = dense_output(p, V)
-    return p[:, None] * (V - mu[None, :])
+    # two-pass centring: with a large offset shared by the values, V - mu1 is exact (Sterbenz)
+    # and the small correction is accurate, so a_i stays accurate relative to the values' spread
+    mu1 = dense_output(p, V)
+    D = V - mu1[None, :]
+    return p[:, None] * (D - (p @ D)[None, :])
 
 
 def kept_mass(p: np.ndarray, S) -> float:
-    """``p(S)``; summed over the shorter side (``1 - p(S^c)`` when S is the larger part)."""
+    """``p(S)``, summed directly (non-negative terms: accurate to a relative ``|S| eps``, unlike
+    ``1 - p(S^c)``, which loses every digit of a small kept mass)."""
     idx = as_index(S, p.shape[0])
-    if 2 * idx.size <= p.shape[0]:
-        return float(p[idx].sum())
-    mask = np.ones(p.shape[0], dtype=bool)
-    mask[idx] = False
-    return float(1.0 - p[mask].sum())
+    return float(p[idx].sum())
 
 
 def dropped_mass(p: np.ndarray, S) -> float:
@@ -75,17 +85,16 @@ def forced_error(p: np.ndarray, V: np.ndarray, S, A: np.ndarray | None = None) -
         return 0.0
     if A is None:
         A = centred_contributions(p, V)
+    w = p[idx].sum()  # direct: 1 - p(S^c) would cancel when the kept mass is small
     if 2 * idx.size <= n:
         y = A[idx].sum(axis=0)
-        w = p[idx].sum()
     else:
         mask = np.ones(n, dtype=bool)
         mask[idx] = False
         y = -A[mask].sum(axis=0)
-        w = 1.0 - p[mask].sum()
     if w <= 0:
         return float("inf")
-    return float(np.linalg.norm(y) / w)
+    return float(_norm(y) / w)
 
 
 def forced_error_identity(p: np.ndarray, V: np.ndarray, S) -> float:
@@ -108,11 +117,17 @@ def single_key_errors(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     Equal to ``E([N] minus {j})`` by the identity; ``m_{-j} = (mu - p_j v_j) / (1 - p_j)``.
     A key holding all the mass (``p_j = 1``) gets ``inf``.
     """
-    mu = dense_output(p, V)
+    # m_{-j} - v_j = (mu - v_j) / (1 - p_j), so e_j = ||a_j|| / (1 - p_j) with a_j = p_j (v_j - mu)
+    A = centred_contributions(p, V)
     rest = 1.0 - p
+    if p.size:
+        # 1 - p_j cancels for a key holding nearly all the mass: sum the others directly
+        j = int(np.argmax(p))
+        rest[j] = float(np.delete(p, j).sum())
     with np.errstate(divide="ignore", invalid="ignore"):
-        m_minus = (mu[None, :] - p[:, None] * V) / rest[:, None]
-        e = p * np.linalg.norm(m_minus - V, axis=1)
+        m = np.abs(A).max(axis=1) if A.shape[1] else np.zeros(A.shape[0])
+        z = A / np.where(m > 0, m, 1.0)[:, None]  # row-scaled: no under/overflow in the squares
+        e = m * np.sqrt(np.einsum("ij,ij->i", z, z)) / rest
     e[rest <= 0] = np.inf
     return e
 
@@ -124,49 +139,70 @@ def top_mass_set(p: np.ndarray, s: int) -> np.ndarray:
 
 
 def _simplex_lsq(X: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``argmin_{w >= 0, sum w = 1} ||X w - b||``, X (d, k).
+    """``argmin_{w >= 0, sum w = 1} ||X w - b||``, X (d, k), b (d,); returns w (k,).
 
-    Active-set solution: NNLS on the system augmented with a heavily weighted row for
-    ``sum w = 1`` gives the support; the equality-constrained least squares on that support
-    is then solved exactly through its KKT system, and the support is refined until the
-    multipliers certify optimality.
+    On the simplex ``X w - b = Y w`` with ``Y = X - b 1^T``, so this is the point of the convex hull
+    of Y's columns nearest the origin: Wolfe's (1976) minimum-norm-point algorithm, on Y scaled to a
+    unit largest entry (the tolerances are relative, so the answer does not depend on the scale of
+    V or on an offset shared by the values and mu). Each major step adds the column most opposed
+    to the current point; minor steps solve the affine least squares on the corral and step back to
+    the simplex when a weight would turn negative.
     """
     d, k = X.shape
     if k == 1:
         return np.ones(1)
-    scale = max(1.0, float(np.abs(X).max()), float(np.abs(b).max()))
-    lam = 1e4 * scale
-    Xa = np.vstack([X, lam * np.ones((1, k))])
-    ba = np.concatenate([b, [lam]])
-    w, _ = nnls(Xa, ba, maxiter=50 * k)
-    support = w > 1e-14
-    if not support.any():
-        support[np.argmin(np.linalg.norm(X - b[:, None], axis=0))] = True
-    for _ in range(4 * k):
-        F = np.flatnonzero(support)
-        G = X[:, F].T @ X[:, F]
-        kkt = np.zeros((F.size + 1, F.size + 1))
-        kkt[:-1, :-1] = G
-        kkt[:-1, -1] = 1.0
-        kkt[-1, :-1] = 1.0
-        rhs = np.concatenate([X[:, F].T @ b, [1.0]])
-        sol = np.linalg.lstsq(kkt, rhs, rcond=None)[0]
-        wf, nu = sol[:-1], sol[-1]
-        if np.any(wf < -1e-15):
-            # step back to feasibility: drop the most negative coordinate
-            support[F[np.argmin(wf)]] = False
-            continue
-        w = np.zeros(k)
-        w[F] = np.maximum(wf, 0.0)
-        w /= w.sum()
-        # KKT: gradient g = X^T (X w - b); optimal iff g_i + nu >= 0 off the support
-        g = X.T @ (X @ w - b)
-        viol = g + nu
-        viol[F] = 0.0
-        j = int(np.argmin(viol))
-        if viol[j] >= -1e-12 * max(1.0, float(np.abs(g).max())):
-            return w
-        support[j] = True
+    Y = X - b[:, None]
+    scale = float(np.abs(Y).max())
+    if not scale > 0:  # every column equals b
+        return np.full(k, 1.0 / k)
+    Y = Y / scale
+    sq = np.einsum("ij,ij->j", Y, Y)  # squared column norms, (k,)
+    sq_max = float(sq.max())
+    S = [int(np.argmin(sq))]
+    lam = np.ones(1)
+    for _ in range(50 * k + 50):
+        x = Y[:, S] @ lam  # the current point of the hull
+        x2 = float(x @ x)
+        gx = Y.T @ x  # <x, y_j> for every column j
+        j = int(np.argmin(gx))
+        # Wolfe's test min_j <x, y_j> >= ||x||^2 (then ||x*|| >= (||x||^2 - gap) / ||x||), with a
+        # gap of a relative 1e-10 or the round-off of <x, y_j>; or x at the origin up to round-off
+        # (||x|| <= 1e-13 max ||y_j||: without this stop, the approach to an interior origin crawls)
+        gap = max(1e-10 * x2, 1e-13 * np.sqrt(x2 * sq_max))
+        if gx[j] >= x2 - gap or j in S or x2 <= 1e-26 * sq_max:
+            break
+        S.append(j)
+        lam = np.append(lam, 0.0)
+        while True:  # minor cycle: affine minimiser on the corral S, stepping back into the simplex
+            m = len(S)
+            kkt = np.zeros((m + 1, m + 1))
+            YS = Y[:, S]
+            kkt[:m, :m] = YS.T @ YS
+            kkt[:m, m] = 1.0
+            kkt[m, :m] = 1.0
+            rhs = np.zeros(m + 1)
+            rhs[m] = 1.0
+            alpha = np.linalg.lstsq(kkt, rhs, rcond=None)[0][:m]
+            alpha /= alpha.sum()
+            if np.all(alpha > 1e-14):
+                lam = alpha
+                break
+            neg = alpha <= 1e-14
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = np.where(neg, lam / (lam - alpha), np.inf)
+            theta = float(min(1.0, max(0.0, ratios.min())))
+            lam = (1.0 - theta) * lam + theta * alpha
+            drop = lam <= 1e-14
+            if neg[np.argmin(ratios)]:
+                drop[int(np.argmin(ratios))] = True
+            S = [i for i, dr in zip(S, drop) if not dr]
+            lam = np.maximum(lam[~drop], 0.0)
+            lam /= lam.sum()
+            if len(S) == 1:
+                lam = np.ones(1)
+                break
+    w = np.zeros(k)
+    w[S] = lam
     return w
 
 

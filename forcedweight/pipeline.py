@@ -48,6 +48,19 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
     report_dir = out / "report"
     command = " ".join(shlex.quote(a) for a in sys.argv) if sys.argv else "run_pipeline(...)"
 
+    # check every option before the dump (minutes of work) rather than after it
+    from forcedweight.rows import InputError
+
+    if options.max_texts < 1:
+        raise InputError(f"--max-texts: must be >= 1, got {options.max_texts}")
+    if not options.s_values or min(options.s_values) < 1:
+        raise InputError(f"--s: budgets must be >= 1, got {list(options.s_values)}")
+    if options.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {options.workers}")
+    certify_options = CertifyOptions(solver=options.solver, time_limit=options.time_limit, seed=options.seed)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out: {out} exists and is not a directory")
+
     texts = builtin_texts()[: options.max_texts]
     dump_rows(
         options.model,
@@ -64,7 +77,7 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
         rows_dir,
         results,
         options.s_values,
-        CertifyOptions(solver=options.solver, time_limit=options.time_limit, seed=options.seed),
+        certify_options,
         workers=options.workers,
         skip_invalid=True,  # rows with N <= s (early query positions) are recorded as invalid, not fatal
         progress=progress,

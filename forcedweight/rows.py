@@ -286,6 +286,26 @@ def make_row_table(rows: Sequence[dict[str, Any]], schema: pa.Schema | None = No
     return pa.table(cols)
 
 
+def check_output_file(target: str | os.PathLike) -> Path:
+    """Fail early, before any work, when ``target`` cannot be written as a file.
+
+    Creates the missing parent directories (as ``atomic_path`` would) and probes them with a
+    temporary file. Raises InputError naming ``target`` when it is an existing directory or its
+    directory cannot be created or written.
+    """
+    target = Path(target)
+    if target.is_dir():
+        raise InputError(f"{target}: output path is a directory")
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(prefix=f".{target.name}.", dir=parent):
+            pass
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
+    return target
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, suffix: str = ""):
     """Yield a temporary path beside ``target``; rename it over ``target`` only on success.
@@ -295,6 +315,8 @@ def atomic_path(target: str | os.PathLike, suffix: str = ""):
     """
     target = Path(target)
     parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise InputError(f"{target}: output path is a directory")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=parent)

@@ -313,6 +313,7 @@ def _check_paths(path, out: Path) -> None:
             raise InputError(f"{out}: output inside the input directory {src} would be read as input")
         if src.is_file() and out_r == src_r:
             raise InputError(f"{out}: output would overwrite the input")
+    rows.check_output_file(out)  # an unwritable destination fails now, not after the work
 
 
 def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, workers: int = 1,
@@ -336,7 +337,7 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
     if chunk_rows < 1:
-        raise InputError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        raise InputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
     _check_paths(path, out)
 
     def note(msg: str) -> None:

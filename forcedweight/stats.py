@@ -205,28 +205,29 @@ def selector_ratio(es_sel, es_star) -> np.ndarray:
 
 
 def pessimistic_closable_share(es_top, es_best, lower_bound, status) -> np.ndarray:
-    """Closable share with every ``unsolved`` row counted as improved as far as its proof allows.
+    """Closable share with every unproved row counted as improved as far as its proof allows.
 
-    For ``unsolved`` rows the true ``ES*`` lies in ``[lower_bound, es_best]``; the pessimistic
-    (largest) closable share is ``(E(top) - max(lower_bound, 0)) / E(top)``, or 1 when no finite
-    lower bound was proved. Other rows keep ``(E(top) - es_best) / E(top)``. ``invalid`` rows
-    are ``nan``.
+    For ``unsolved`` and ``improved`` rows (neither is proved optimal) the true ``ES*`` lies in
+    ``[lower_bound, es_best]``; the pessimistic (largest) closable share is
+    ``(E(top) - max(lower_bound, 0)) / E(top)``, or 1 when no finite lower bound was proved.
+    ``optimal`` rows keep ``(E(top) - es_best) / E(top)``. ``invalid`` rows are ``nan``.
     """
     top = np.asarray(es_top, dtype=np.float64)
     best = np.asarray(es_best, dtype=np.float64)
     lb = np.asarray(lower_bound, dtype=np.float64)
     st = np.asarray(status).astype(str)
     lb_used = np.where(np.isfinite(lb), np.maximum(lb, 0.0), 0.0)
-    star = np.where(st == "unsolved", np.minimum(lb_used, best), best)
+    open_ = (st == "unsolved") | (st == "improved")
+    star = np.where(open_, np.minimum(lb_used, best), best)
     k = closable_share(top, star)
     return np.where(st == "invalid", np.nan, k)
 
 
 def wilson_upper_median_share(es_top, es_best, lower_bound, status, level: float = 0.95) -> tuple[float, str]:
-    """Wilson upper bound on the population median closable share, unsolved rows counted as improved.
+    """Wilson upper bound on the population median closable share, unproved rows counted as improved.
 
     ``wilson_median_upper_bound`` of ``pessimistic_closable_share(...)`` over the valid rows:
-    every ``unsolved`` row takes the largest closable share its proved lower bound allows.
+    every ``unsolved`` or ``improved`` row takes the largest closable share its proved lower bound allows.
     Arrays of shape (n,); returns ``(bound, note)``.
     """
     k = pessimistic_closable_share(es_top, es_best, lower_bound, status)

@@ -225,11 +225,18 @@ def test_bad_budgets_paths_and_files(tmp_path):
     pq.write_table(pa.table({"weights": [[0.5, 0.5]], "value_dim": [1]}), tmp_path / "cols.parquet")
     cases.append(((tmp_path / "cols.parquet", "--s", 1, "--out", out), ["cols.parquet", "values"]))
     cases.append(((src, "--s", 2, "--out", out, "--solver", "gurobi"), ["--solver"]))
+    cases.append(((src, "--s", 2, "--out", out, "--max-subsets", 0), ["--max-subsets"]))
+    cases.append(((src, "--s", 2, "--out", out, "--chunk-rows", 0), ["--chunk-rows"]))
+    (tmp_path / "adir").mkdir()
+    cases.append(((src, "--s", 2, "--out", tmp_path / "adir"), ["adir", "is a directory"]))
+    (tmp_path / "afile").write_text("")  # an output under a path that is a file: no traceback
+    cases.append(((src, "--s", 2, "--out", tmp_path / "afile" / "o.parquet"), ["afile", "cannot write output"]))
     for args, words in cases:
         res = _cli(*args)
         assert res.exit_code != 0, args
         for w in words:
             assert w in res.output, (w, res.output)
+        assert len(res.output.strip().splitlines()) == 1, res.output
         assert not out.exists() and not parts_dir_for(out).exists()
 
 
@@ -367,3 +374,24 @@ def test_a_proof_contradicted_by_a_better_known_set_is_discarded(monkeypatch):
     assert rec["status"] == "unsolved" and not rec["proved"] and "proof discarded" in rec["reason"]
     assert rec["lower_bound"] == 0.0 and rec["es_best"] <= rec["es_top"]
     _check_record(rec, p, V, 4)
+
+
+# ------------------------------------------------------------------------------------------
+# the main job (``forcedweight pipeline``): bad options are refused before the dump starts
+
+
+@pytest.mark.parametrize("bad, word", [
+    (dict(max_texts=0), "--max-texts"), (dict(max_texts=-1), "--max-texts"), (dict(s_values=(0,)), "--s"),
+    (dict(solver="gurobi"), "--solver"), (dict(time_limit=0.0), "--time-limit"), (dict(workers=0), "--workers"),
+])
+def test_pipeline_refuses_bad_options_before_any_work(tmp_path, bad, word):
+    from forcedweight.pipeline import PipelineOptions, run_pipeline
+
+    # a model path that does not exist: reaching the dump would fail on --model instead
+    opts = PipelineOptions(model=str(tmp_path / "no-model"), **bad)
+    with pytest.raises(rows.InputError, match=word):
+        run_pipeline(tmp_path / "p", opts, progress=False)
+    assert not (tmp_path / "p").exists()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(rows.InputError, match="--out"):
+        run_pipeline(tmp_path / "f", PipelineOptions(model=str(tmp_path / "no-model")), progress=False)

@@ -180,3 +180,32 @@ def test_large_s_close_to_a_large_pool():
     ref = min(op.forced_error(p, V, c) for c in combinations(range(n), 68))
     # same float64 operator on the minimiser (ties only up to rounding)
     assert v == pytest.approx(ref, rel=1e-12) and S.size == 68
+
+
+@pytest.mark.parametrize("scale", [1e-170, 1e160])
+def test_value_scale_does_not_change_the_best_set(scale):
+    # regression: the Gram entries underflowed (every subset looked like E = 0: the
+    # lexicographically first set came back) or overflowed (inf/nan: a crash); E is homogeneous
+    # in V, so the best set of c V is the best set of V
+    rng = np.random.default_rng(4)
+    for _ in range(4):
+        n, s = 12, int(rng.integers(2, 6))
+        p = rng.random(n) ** 2
+        p /= p.sum()
+        V = rng.normal(size=(n, 2))
+        v0, S0 = brute_force_best(p, V, s)
+        v, S = enumerate_best(p, V * scale, np.arange(n), s)
+        vb, Sb = brute_force_best(p, V * scale, s)
+        # the sets found on c V are optimal for V (relative 1e-9: float64 round-off of E)
+        assert op.forced_error(p, V, S) <= v0 * (1 + 1e-9)
+        assert op.forced_error(p, V, Sb) <= v0 * (1 + 1e-9)
+        assert v == pytest.approx(op.forced_error(p, V, S) * scale, rel=1e-9)
+
+
+def test_pool_of_zero_mass_keys_gives_inf_not_a_crash():
+    # regression: no subset passed the w > 0 filter, and the empty candidate list crashed
+    p = np.array([0.0, 0.0, 0.0, 0.5, 0.5])
+    V = np.arange(10.0).reshape(5, 2)
+    v, S = enumerate_best(p, V, [0, 1, 2], 2)
+    assert v == np.inf and S.tolist() == [0, 1]
+    assert op.forced_error(p, V, S) == np.inf

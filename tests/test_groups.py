@@ -113,6 +113,19 @@ def test_group_bad_inputs(dump_g4, tmp_path):
     with pytest.raises(InputError, match="--s"):
         group_voting(dump_g4, [0], tmp_path / "x.parquet")
     assert not (tmp_path / "x.parquet").exists()
+    # refused before any work: a negative pool, an output that is a directory, inside the input
+    # directory (the next read would take it for rows), or under a path that is a file
+    with pytest.raises(InputError, match="--pool-mass"):
+        group_voting(dump_g4, [2], tmp_path / "x.parquet", pool_mass=-1)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(InputError, match="adir: output path is a directory"):
+        group_voting(dump_g4, [2], tmp_path / "adir")
+    with pytest.raises(InputError, match="inside the input directory"):
+        group_voting(dump_g4, [2], dump_g4 / "g.parquet")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(InputError, match="cannot write output"):
+        group_voting(dump_g4, [2], tmp_path / "afile" / "x.parquet")
+    assert not (tmp_path / "x.parquet").exists() and not (dump_g4 / "g.parquet").exists()
 
 
 def test_cli_groups(dump_g4, tmp_path, monkeypatch, capsys):

@@ -402,3 +402,13 @@ def test_cli_study_and_bad_option(tiny_rows, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "o2").exists()  # nothing written on bad input
     assert _cli(monkeypatch, ["probabilistic", "study", str(tmp_path / "missing"), "--out", str(tmp_path / "o3")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, value", [("--temperature", "0"), ("--temperature", "-1"), ("--mix", "2"), ("--mix", "-0.5")])
+def test_cli_bad_temperature_or_mix_named_before_reading_rows(tmp_path, monkeypatch, capsys, option, value):
+    # the rows do not exist: the option must be refused first, by name, in one line
+    args = ["probabilistic", "study", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), option, value]
+    assert _cli(monkeypatch, args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {option}"), err
+    assert not (tmp_path / "o").exists()

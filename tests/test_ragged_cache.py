@@ -206,6 +206,12 @@ def test_memory_command_and_errors(tmp_path):
     res = runner.invoke(app, ["memory", "--tokens", "64", "--ratio", "1.5", "--out", str(tmp_path / "x.json")])
     assert isinstance(res.exception, InputError) and "--ratio" in str(res.exception)
     assert not (tmp_path / "x.json").exists()
+    # a budget above the prompt length is refused, not silently clamped
+    res = runner.invoke(app, ["memory", "--tokens", "64", "--budget", "65"])
+    assert isinstance(res.exception, InputError) and "--budget: 65 exceeds --tokens 64" in str(res.exception)
+    (tmp_path / "adir").mkdir()  # --out an existing directory: one line, not a traceback after the audit
+    res = runner.invoke(app, ["memory", "--tokens", "64", "--budget", "4", "--out", str(tmp_path / "adir")])
+    assert isinstance(res.exception, InputError) and "adir: output path is a directory" in str(res.exception)
 
 
 def test_from_dense_copies_every_segment():

@@ -106,3 +106,18 @@ def test_unwritable_destination(tmp_path):
     blocker.write_text("x")
     with pytest.raises(rows.InputError, match="cannot write"):
         rows.write_table_atomic(_table(1), blocker / "sub" / "out.parquet")
+
+
+def test_output_path_that_is_a_directory_or_unwritable(tmp_path):
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(rows.InputError, match="adir: output path is a directory"):
+        rows.write_table_atomic(_table(1), tmp_path / "adir")
+    with pytest.raises(rows.InputError, match="adir: output path is a directory"):
+        rows.check_output_file(tmp_path / "adir")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(rows.InputError, match="cannot write output"):
+        rows.check_output_file(tmp_path / "file" / "out.parquet")
+    # a writable target: missing parents are created, the probe leaves nothing behind
+    assert rows.check_output_file(tmp_path / "new" / "out.parquet") == tmp_path / "new" / "out.parquet"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "file", "new"]
+    assert list((tmp_path / "new").iterdir()) == [] and list((tmp_path / "adir").iterdir()) == []

@@ -169,3 +169,22 @@ def test_balancing_with_candidates_only_swaps_those_in():
     assert set(kept.tolist()) <= set(cand.tolist())
     full, _ = sel.balancing(p, V, 6)
     assert op.forced_error(p, V, full) <= op.forced_error(p, V, top)
+
+
+def test_balancing_single_key_budget_reaches_the_best_key_on_peaked_rows():
+    # regression: the swap gain was expanded around y = a_top, cancelling at eps ||a_top||^2,
+    # which buried the gain of small-mass keys: balancing stopped at top-mass (0 swaps).
+    # With s = 1 and every key a candidate, one best-improving swap reaches the best single key.
+    from forcedweight.enumerate import brute_force_best
+
+    rng = np.random.default_rng(29)
+    for _ in range(40):
+        n = int(rng.integers(4, 13))
+        p = rng.random(n) ** 12
+        p /= p.sum()
+        V = rng.normal(size=(n, 2)) * 1e-3
+        kept, swaps = sel.balancing(p, V, 1)
+        best, _ = brute_force_best(p, V, 1)
+        # relative 1e-9: float64 round-off of E
+        assert op.forced_error(p, V, kept) <= best * (1 + 1e-9)
+        assert swaps == (0 if op.forced_error(p, V, op.top_mass_set(p, 1)) <= best * (1 + 1e-9) else 1)

@@ -138,3 +138,36 @@ def test_bad_arguments():
             solve(p, V, 0)
         with pytest.raises(ValueError):
             solve(p, V, 3, incumbent=[0, 1])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.tuples(st.integers(0, 2**31 - 1), st.integers(9, 22), st.sampled_from([1, 2, 5]),
+                 st.sampled_from(KINDS), st.integers(2, 5)))
+def test_bnb_from_a_bad_incumbent_with_and_without_polish(row):
+    # the worst warm start (the s lightest keys): polishing moves it, the proof must not care
+    seed, n, d, kind, s = row
+    p, V = make_row(seed, n, d, kind)
+    ref, _ = brute_force_best(p, V, s)
+    bad = np.argsort(p, kind="stable")[:s]
+    e_bad = op.forced_error(p, V, bad)
+    for polish in (True, False):
+        res = solve_bnb(p, V, s, incumbent=bad, polish=polish)
+        check_result(res, p, V, s, ref, 2 * REL_TOL)
+        assert res.value <= e_bad or not np.isfinite(e_bad)
+
+
+def test_direction_steps_prune_more_and_stay_exact(monkeypatch):
+    # rows large enough that the supergradient steps on u fire at many nodes: with them the
+    # search visits fewer nodes, and with or without them it matches the brute force
+    import forcedweight.solvers.bnb as bnb
+
+    for seed, sigma in ((5, 1.0), (6, 0.7)):
+        p, V = synthetic_row(26, sigma, seed, d=6)
+        ref, _ = brute_force_best(p, V, 5)
+        nodes = {}
+        for nref in (0, 2, bnb.NREF):
+            monkeypatch.setattr(bnb, "NREF", nref)
+            res = solve_bnb(p, V, 5, time_limit=60)
+            check_result(res, p, V, 5, ref, 2 * REL_TOL)
+            nodes[nref] = res.info["nodes"]
+        assert nodes[bnb.NREF] < nodes[0]

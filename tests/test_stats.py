@@ -166,9 +166,13 @@ def test_pessimistic_closable_share():
     lb = np.array([0.9, 0.6, np.nan, 0.95, np.nan])
     status = np.array(["optimal", "unsolved", "unsolved", "improved", "invalid"])
     k = st.pessimistic_closable_share(top, best, lb, status)
-    # optimal/improved keep es_best; unsolved use the proved bound (0 -> kappa 1 when none)
+    # optimal keeps es_best; unproved rows use the proved bound (0 -> kappa 1 when none), never
+    # above es_best (row 3's bound 0.95 is capped at its es_best 0.9)
     np.testing.assert_allclose(k[:4], [0.1, 0.4, 1.0, 0.1], atol=1e-15)
     assert np.isnan(k[4])
+    # an improved row is not proved either: its ES* may still lie down to its lower bound
+    k2 = st.pessimistic_closable_share([1.0, 1.0], [0.9, 0.9], [0.5, 0.5], ["improved", "optimal"])
+    np.testing.assert_allclose(k2, [0.5, 0.1], atol=1e-15)
     # the composite bound is the Wilson median bound of these pessimistic shares (invalid dropped)
     big = np.tile(np.arange(5), 3)
     bound, _ = st.wilson_upper_median_share(top[big], best[big], lb[big], status[big])

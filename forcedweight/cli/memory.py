@@ -20,8 +20,10 @@ def memory(
 ) -> None:
     """Physical bytes of the same per-head selection: full cache, mask over the full cache, ragged cache."""
     from forcedweight.deploy.memory import audit_memory, format_audit
-    from forcedweight.rows import atomic_path
+    from forcedweight.rows import atomic_path, check_output_file
 
+    if out is not None:
+        check_output_file(out)  # an unwritable --out fails before the audit
     result = audit_memory(model, tokens, budget=budget, ratio=ratio, seed=seed)
     if out is not None:
         with atomic_path(out) as tmp:

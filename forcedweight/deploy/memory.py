@@ -77,7 +77,8 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, rat
         budget = max(1, round(ratio * tokens))
     if budget < 1:
         raise InputError(f"--budget: must be at least 1, got {budget}")
-    budget = min(budget, tokens)
+    if budget > tokens:
+        raise InputError(f"--budget: {budget} exceeds --tokens {tokens} (nothing left to evict)")
     lm, name = _load(model, seed, tokens)
     vocab = lm.config.vocab_size
     g = torch.Generator().manual_seed(seed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import math
 import numpy as np
 
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
@@ -87,6 +88,10 @@ class StudyConfig:
             raise InputError(f"--proposal: unknown {bad or 'none given'} (choose from {', '.join(PROPOSALS)})")
         if not self.evict_at or any(not (0 < f < 1) for f in self.evict_at):
             raise InputError(f"--evict-at: fractions of the length in (0, 1), got {list(self.evict_at)}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise InputError(f"--temperature must be finite and > 0, got {self.temperature}")
+        if not 0.0 <= self.mix <= 1.0:
+            raise InputError(f"--mix must lie in [0, 1], got {self.mix}")
 
 
 # ----------------------------------------------------------------------------------------------- loading
