@@ -66,7 +66,8 @@ def cdf_figure(kappa_by_s: dict[int, np.ndarray], model: str) -> Figure:
         ax.set_ylabel("fraction of rows ≤ κ")
         ax.set_ylim(0, 1.01)
         ax.set_title(model)
-        ax.legend(loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # no finite κ (e.g. every row invalid): no legend, no warning
+            ax.legend(loc="lower right")
     return fig
 
 

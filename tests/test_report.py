@@ -172,6 +172,16 @@ def test_report_reproducible_and_directory_input(results, tmp_path):
         assert t1[name].equals(t2[name]), name
 
 
+def test_cdf_figure_without_finite_values_has_no_legend_and_no_warning():
+    # every row invalid (κ all NaN): the report used to print matplotlib's "No artists with labels" warning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = figures.cdf_figure({8: np.array([np.nan, np.nan])}, "m")
+    assert fig.axes[0].get_legend() is None and len(fig.axes[0].get_lines()) == 0
+
+
 def test_figures_have_expected_axes():
     rng = np.random.default_rng(0)
     fig = figures.cdf_figure({4: rng.random(20), 8: rng.random(20)}, "m")

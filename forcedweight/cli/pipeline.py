@@ -18,10 +18,10 @@ def register(app: typer.Typer) -> None:
         heads: Optional[str] = typer.Option(None, "--heads", help="Query heads (default: all)."),
         positions: int = typer.Option(4, "--positions", help="Query positions sampled per (text, layer, head)."),
         max_texts: int = typer.Option(2, "--max-texts", help="How many texts of the built-in corpus to run."),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="Seed of the position sampling, the random selector and the bootstrap."),
         solver: str = typer.Option("auto", "--solver", help="auto|bnb|scip|cpsat|none"),
         time_limit: float = typer.Option(2.0, "--time-limit", help="Per-row solver time limit (s)."),
-        workers: int = typer.Option(1, "--workers"),
+        workers: int = typer.Option(1, "--workers", help="Local worker processes for certify."),
     ) -> None:
         """Dump rows from the model, certify them at budget s, and write the report (resumable)."""
         from forcedweight.pipeline import PipelineOptions, run_pipeline
