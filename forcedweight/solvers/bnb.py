@@ -21,7 +21,7 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   the ``a_z`` met so far, ``sum_z c_z <a_z, a_k>`` is accumulated from Gram rows step by step and
   ``||v||``, ``<v, y_T>`` come from Gram entries with a rounding margin (a step costs
   r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
-  the wall time 1.3-5x (the first pruning success ends the steps).
+  the wall time 1.3-3x on hard rows (the first pruning success ends the steps).
 
 Before the search the incumbent is polished by best-improvement 1-swaps over all keys (only the
 incumbent moves: no proof depends on it).
