@@ -47,7 +47,7 @@ _EPS = float(np.finfo(np.float64).eps)
 REL_TOL = 1e-9
 NREF = 8  # supergradient steps on the direction u per node (projection test)
 THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
-DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (benchmarks/enumerate.md)
+DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
 POLISH_ROUNDS = 50  # best-improvement 1-swap rounds on the incumbent
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
