@@ -66,11 +66,8 @@ def brute_force_best(p, V, s: int, chunk: int = 8192) -> tuple[float, np.ndarray
     Returns ``(value, best_set)``; the set is the lexicographically first one whose value is
     within ``TIE_REL`` of the minimum, and ``value = operator.forced_error(p, V, best_set)``.
     """
-    p = np.asarray(p, dtype=np.float64)
-    V = np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1)
+    p, V = op.as_row(p, V, s)
     n = p.shape[0]
-    if not 1 <= s <= n:
-        raise ValueError(f"s = {s} outside [1, {n}]")
     A = op.centred_contributions(p, V)
     # one common rescaling of contributions and masses (as in ``enumerate_best``): same order of E,
     # no under/overflow in the squares

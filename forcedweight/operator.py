@@ -31,6 +31,18 @@ def _norm(y: np.ndarray) -> float:
     return m * float(np.sqrt(z @ z))
 
 
+def as_row(p, V, s: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, V)`` as float64 arrays of shapes (N,) and (N, d); checks ``1 <= s <= N`` when s is given.
+
+    The common argument handling of the solvers (raises ValueError on a bad budget).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    V = np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1)
+    if s is not None and not 1 <= s <= p.shape[0]:
+        raise ValueError(f"s = {s} outside [1, {p.shape[0]}]")
+    return p, V
+
+
 def dense_output(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     """``mu = sum_i p_i v_i``, shape (d,)."""
     return p @ V

@@ -11,29 +11,7 @@ from hypothesis import strategies as st
 from forcedweight import operator as op
 from forcedweight.enumerate import brute_force_best, candidate_pool, enumerate_best
 
-KINDS = ("peaked", "flat", "duplicates", "tied", "zero_mass")
-
-
-def make_row(seed: int, n: int, d: int, kind: str):
-    """Small random rows of several shapes (weights sum to 1, float64)."""
-    rng = np.random.default_rng(seed)
-    if kind == "peaked":
-        p = rng.random(n) ** 6
-    elif kind == "flat":
-        p = 1.0 + 0.01 * rng.random(n)
-    elif kind == "tied":
-        p = np.ones(n)
-    else:
-        p = rng.random(n) + 0.05
-    if kind == "zero_mass" and n > 2:
-        p[rng.integers(n)] = 0.0
-    p = p / p.sum()
-    V = rng.normal(size=(n, d))
-    if kind == "duplicates":
-        V[: (n + 1) // 2] = V[0]
-    if kind == "tied":
-        V = np.round(V)
-    return p, V
+from rowgen import KINDS, make_row  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 rows = st.tuples(

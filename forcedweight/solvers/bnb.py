@@ -400,11 +400,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     ``lower_bound`` is the minimum bound over the open nodes (<= value).
     """
     t0 = time.perf_counter()
-    p = np.asarray(p, dtype=np.float64)
-    V = np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1)
+    p, V = op.as_row(p, V, s)
     N = p.shape[0]
-    if not 1 <= s <= N:
-        raise ValueError(f"s = {s} outside [1, {N}]")
     start = op.top_mass_set(p, s) if incumbent is None else op.as_index(incumbent, N)
     if start.size != s:
         raise ValueError(f"incumbent has {start.size} keys, expected s = {s}")

@@ -117,11 +117,8 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
     finishes).
     """
     t0 = time.perf_counter()
-    p = np.asarray(p, dtype=np.float64)
-    V = np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1)
+    p, V = op.as_row(p, V, s)
     n = p.shape[0]
-    if not 1 <= s <= n:
-        raise ValueError(f"s = {s} outside [1, {n}]")
     A = op.centred_contributions(p, V)
     best = op.top_mass_set(p, s) if incumbent is None else op.as_index(incumbent, n)
     if best.size != s:
