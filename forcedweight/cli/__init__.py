@@ -13,6 +13,9 @@ import sys
 # per call only adds contention. Set before NumPy loads; a user's explicit setting wins.
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# transformers' GGUF loader prints its own tqdm bar on every model load; the CLI shows rich
+# progress bars of its own (and none with --no-progress), so tqdm is silenced unless asked for.
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 import typer  # noqa: E402
 
