@@ -132,8 +132,8 @@ def pool_for(p: np.ndarray, V: np.ndarray, s: int, options: CertifyOptions) -> n
 
 
 def _ratio(e: float, ef: float, scale: float) -> float:
-    """``pi = E / EF``; an EF at round-off level (``<= 1e-10 * scale``, scale = the largest value
-    norm) counts as 0: ``inf`` when E is above that level, ``nan`` when both are."""
+    """``pi = E / EF``; an EF at round-off level (``<= 1e-10 * scale``, scale = the largest
+    ``||v_i - mu||``) counts as 0: ``inf`` when E is above that level, ``nan`` when both are."""
     floor = 1e-10 * max(scale, 1e-300)
     if ef <= floor:
         return float("nan") if e <= floor else float("inf")
@@ -270,7 +270,10 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     ef_top = op.free_weight_error(p, V, top)
     ef_best = op.free_weight_error(p, V, best_set)
     gap = es_top - es_best
-    scale = float(np.sqrt(np.einsum("ij,ij->i", V, V).max()))
+    # round-off scale of E and EF: the spread of the values around mu (an offset shared by every
+    # value cancels in both, so it must not raise the floor)
+    Vc = V - op.dense_output(p, V)[None, :]
+    scale = float(np.sqrt(np.einsum("ij,ij->i", Vc, Vc).max()))
     rec = {
         "row_id": int(row.row_id), "s": int(s), "n_keys": int(n),
         "es_top": es_top, "es_balance": err(bal), "swaps": int(swaps),

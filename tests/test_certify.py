@@ -395,3 +395,17 @@ def test_pipeline_refuses_bad_options_before_any_work(tmp_path, bad, word):
     (tmp_path / "f").write_text("")
     with pytest.raises(rows.InputError, match="--out"):
         run_pipeline(tmp_path / "f", PipelineOptions(model=str(tmp_path / "no-model")), progress=False)
+
+
+def test_penalty_does_not_depend_on_a_shared_value_offset():
+    # pi = E/EF is invariant to adding one vector to every value; the round-off floor must be too
+    rng = np.random.default_rng(5)
+    p = rng.random(30) ** 3
+    p /= p.sum()
+    V = rng.normal(size=(30, 4))
+    opts = CertifyOptions(solver="none")
+    a = certify_row(rows.Row(0, p, V, {}), 4, opts)
+    b = certify_row(rows.Row(0, p, V + 1e11, {}), 4, opts)
+    assert np.isfinite(a["pi_top"]) and np.isfinite(b["pi_top"])
+    # tolerance: the offset 1e11 costs ~1e11 * eps = 2e-5 absolute accuracy in E and EF (both ~0.1 here)
+    assert b["pi_top"] == pytest.approx(a["pi_top"], rel=1e-2)
