@@ -1,13 +1,13 @@
 """The ``forcedweight`` command line (Typer). Thin: each command calls into the library.
 
-Each subcommand lives in its own module of this package and exposes ``register(app)``.
+Each subcommand lives in its own module of this package and exposes ``register(app)``;
+bad input raised as ``InputError`` becomes one ``error:`` line and exit code 2, here only.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import os
-import sys
 
 # The analysis makes many small LAPACK calls (SVDs of a few dozen rows); a pool of BLAS threads
 # per call only adds contention. Set before NumPy loads; a user's explicit setting wins.
@@ -19,6 +19,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import typer  # noqa: E402
 
+from forcedweight.cli import certify, dump, groups, instances, memory, pipeline, probabilistic, report  # noqa: E402
 from forcedweight.rows import InputError  # noqa: E402
 
 app = typer.Typer(
@@ -27,27 +28,36 @@ app = typer.Typer(
     help="Capture attention rows, certify the best kept subsets under forced weights, report, deploy.",
 )
 
-COMMAND_MODULES = ("dump", "certify", "report", "groups", "instances", "memory", "probabilistic", "pipeline")
 
-for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"forcedweight.cli.{_name}")
-    except ModuleNotFoundError as _exc:  # a command not built yet
-        if _exc.name != f"forcedweight.cli.{_name}":
-            raise
-        continue
-    _mod.register(app)
+def _one_line_errors(command):
+    """Wrap a command so that bad input (an InputError) prints ``error: ...`` and exits 2.
+
+    The one place where the CLI turns library errors into its exit contract; it applies to every
+    command and sub-command, whether run from the console script or through ``CliRunner``.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except InputError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print one clear line to stderr and exit non-zero."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+def _wrap_commands(typer_app: typer.Typer) -> None:
+    for info in typer_app.registered_commands:
+        info.callback = _one_line_errors(info.callback)
+    for group in typer_app.registered_groups:
+        _wrap_commands(group.typer_instance)
+
+
+for _module in (dump, certify, report, groups, instances, memory, probabilistic, pipeline):
+    _module.register(app)
+_wrap_commands(app)
 
 
 def main() -> None:
-    try:
-        app()
-    except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    app()

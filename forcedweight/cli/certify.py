@@ -7,7 +7,6 @@ from typing import List, Optional
 
 import typer
 
-from forcedweight.rows import InputError
 
 
 def certify(
@@ -29,14 +28,10 @@ def certify(
     """Find and certify the best kept subsets under forced weights; one output row per (row_id, s)."""
     from forcedweight.certify import CertifyOptions, certify_file
 
-    try:
-        options = CertifyOptions(pool_mass=pool_mass, pool_error=pool_error, solver=solver,
-                                 time_limit=time_limit, seed=seed, max_subsets=max_subsets)
-        path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
-                            skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows)
-    except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    options = CertifyOptions(pool_mass=pool_mass, pool_error=pool_error, solver=solver,
+                             time_limit=time_limit, seed=seed, max_subsets=max_subsets)
+    path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
+                        skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows)
     typer.echo(str(path))
 
 
