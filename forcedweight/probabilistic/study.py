@@ -98,17 +98,6 @@ class StudyConfig:
 _META = ["text_id", "layer", "head", "kv_head", "query_pos"]
 
 
-def row_files(rows: str | Path) -> list[Path]:
-    """The row shards of a dump: a Parquet file, or the ``rows-*.parquet`` of a dump directory (its
-    ``texts.parquet`` and ``stats-*.parquet`` are not rows), or every Parquet file of a directory."""
-    path = Path(rows)
-    if path.is_dir():
-        shards = sorted(p for p in path.rglob("rows-*.parquet") if p.is_file())
-        if shards:
-            return shards
-    return list_parquet_files(path)
-
-
 def _read_values(file: Path, trajs: dict[tuple, Trajectory]) -> None:
     """Fill values (and keys) of each trajectory from its last row only (a filtered read)."""
     import pyarrow.parquet as pq
@@ -140,7 +129,7 @@ def load_trajectories(rows: str | Path) -> list[Trajectory]:
     Position 0 (whose row is the single weight 1 on entry 0) may be absent, as ``dump`` skips it.
     Raises InputError when provenance columns are missing or a (text, layer, head) lacks a position.
     """
-    files = row_files(rows)
+    files = list_parquet_files(rows)  # a dump's texts/stats sidecars are skipped there
     metas = [read_table(f, columns=_META) for f in files]
     for f, meta in zip(files, metas):
         missing = [c for c in _META if c not in meta.column_names]
