@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from forcedweight import models, rows
-from forcedweight.dumps import builtin_texts, dump_rows
+from forcedweight.dump import builtin_texts, dump_rows
 
 
 def maxrss_mib() -> float:

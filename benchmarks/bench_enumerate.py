@@ -19,8 +19,8 @@ from itertools import combinations
 import numba
 import numpy as np
 
-from forcedweight import operator as op
-from forcedweight.enumerate import brute_force_best, enumerate_best
+from forcedweight.core import operator as op
+from forcedweight.certify.enumerate import brute_force_best, enumerate_best
 
 
 def make_rows(n, d, k, seed=0):

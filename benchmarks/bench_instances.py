@@ -29,14 +29,14 @@ import time
 import numpy as np
 
 from forcedweight.instances import generate, partition_row, prove_balanced
-from forcedweight.solvers.cpsat import solve_cpsat
-from forcedweight.solvers.mitm import error_tolerance, solve_mitm
+from forcedweight.certify.solvers.cpsat import solve_cpsat
+from forcedweight.certify.solvers.mitm import error_tolerance, solve_mitm
 
 
 def load(module: str, name: str):
     """A solver from another module of the package, or None while it does not exist yet."""
     try:
-        mod = __import__(f"forcedweight.solvers.{module}", fromlist=[name])
+        mod = __import__(f"forcedweight.certify.solvers.{module}", fromlist=[name])
     except ImportError:
         return None
     return getattr(mod, name, None)
@@ -64,7 +64,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers")
     args = ap.parse_args(argv)
 
-    from forcedweight.enumerate import enumerate_best
+    from forcedweight.certify.enumerate import enumerate_best
 
     scip = load("scip", "solve_scip")
     bnb = load("bnb", "solve_bnb")

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 from scipy import stats as sps
 
-from forcedweight import stats as st
+from forcedweight.core import stats as st
 from forcedweight.report import build_report
 
 

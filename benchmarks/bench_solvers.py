@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from forcedweight.enumerate import candidate_pool, enumerate_best
-from forcedweight.solvers.bnb import solve_bnb
-from forcedweight.solvers.scip import solve_scip
+from forcedweight.certify.enumerate import candidate_pool, enumerate_best
+from forcedweight.certify.solvers.bnb import solve_bnb
+from forcedweight.certify.solvers.scip import solve_scip
 
 KINDS = {"peaked": 3.0, "flat": 0.5}
 

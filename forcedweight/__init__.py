@@ -1,8 +1,8 @@
 """forcedweight: exact best kept subsets of attention keys under forced weights.
 
-Capture attention rows from real models (``forcedweight.dumps``), enumerate and certify the best
-kept subsets (``forcedweight.enumerate``, ``forcedweight.solvers``), compute paper statistics
-(``forcedweight.stats``, ``forcedweight.report``), generate NP-hard instances with known answers
+Capture attention rows from real models (``forcedweight.dump``), enumerate and certify the best
+kept subsets (``forcedweight.certify.enumerate``, ``forcedweight.certify.solvers``), compute paper statistics
+(``forcedweight.core.stats``, ``forcedweight.report``), generate NP-hard instances with known answers
 (``forcedweight.instances``), and deploy through a ragged per-head KV cache and Triton decode
 kernel (``forcedweight.kernels``, ``forcedweight.deploy``, ``forcedweight.probabilistic``).
 """

@@ -14,7 +14,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from forcedweight.rows import InputError  # noqa: E402
+from forcedweight.errors import InputError  # noqa: E402
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

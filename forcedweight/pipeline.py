@@ -8,15 +8,20 @@ rerun after an interruption picks up where it stopped.
 
 from __future__ import annotations
 
-import shlex
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from forcedweight.certify import CertifyOptions, certify_file
+from forcedweight.dump import dump_rows
+from forcedweight.dump.corpus import builtin_texts
+from forcedweight.errors import InputError
+from forcedweight.io import command_line
+from forcedweight.report import build_report
 
-@dataclass
+
+@dataclass(frozen=True)
 class PipelineOptions:
-    """Options of the main job (see ``forcedweight pipeline --help``)."""
+    """Options of the main job (see ``forcedweight pipeline --help``); checked on creation."""
 
     model: str | None = None
     s_values: tuple[int, ...] = (8,)
@@ -28,7 +33,22 @@ class PipelineOptions:
     solver: str = "auto"
     time_limit: float = 2.0
     workers: int = 1
-    stats_s: tuple[int, ...] = field(default_factory=lambda: (8, 32))
+    stats_s: tuple[int, ...] = (8, 32)
+
+    def __post_init__(self):
+        object.__setattr__(self, "s_values", tuple(int(s) for s in self.s_values))
+        object.__setattr__(self, "stats_s", tuple(int(s) for s in self.stats_s))
+        if self.max_texts < 1:
+            raise InputError(f"--max-texts: must be >= 1, got {self.max_texts}")
+        if not self.s_values or min(self.s_values) < 1:
+            raise InputError(f"--s: budgets must be >= 1, got {list(self.s_values)}")
+        if self.workers < 1:
+            raise InputError(f"--workers must be >= 1, got {self.workers}")
+        if self.positions < 1:
+            raise InputError(f"--positions must be >= 1, got {self.positions}")
+
+    def certify_options(self) -> CertifyOptions:
+        return CertifyOptions(solver=self.solver, time_limit=self.time_limit, seed=self.seed)
 
 
 def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progress: bool = True) -> Path:
@@ -36,28 +56,13 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
 
     Layout: ``out/rows/`` (the dump), ``out/results.parquet`` (certify), ``out/report/``.
     """
-    from forcedweight.certify import CertifyOptions, certify_file
-    from forcedweight.dumps import dump_rows
-    from forcedweight.dumps.corpus import builtin_texts
-    from forcedweight.report import build_report
-
     options = options or PipelineOptions()
     out = Path(out)
     rows_dir = out / "rows"
     results = out / "results.parquet"
     report_dir = out / "report"
-    command = " ".join(shlex.quote(a) for a in sys.argv) if sys.argv else "run_pipeline(...)"
-
-    # check every option before the dump (minutes of work) rather than after it
-    from forcedweight.rows import InputError
-
-    if options.max_texts < 1:
-        raise InputError(f"--max-texts: must be >= 1, got {options.max_texts}")
-    if not options.s_values or min(options.s_values) < 1:
-        raise InputError(f"--s: budgets must be >= 1, got {list(options.s_values)}")
-    if options.workers < 1:
-        raise InputError(f"--workers must be >= 1, got {options.workers}")
-    certify_options = CertifyOptions(solver=options.solver, time_limit=options.time_limit, seed=options.seed)
+    command = command_line()
+    certify_options = options.certify_options()  # checked before the dump (minutes of work)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out: {out} exists and is not a directory")
 

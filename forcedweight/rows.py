@@ -10,9 +10,7 @@ file in the destination directory, renamed over the target on success.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -21,24 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forcedweight.errors import InputError, RowError
+from forcedweight.io import list_parquet_files, open_parquet
+
 REQUIRED_COLUMNS = ("weights", "values", "value_dim")
 PROVENANCE_COLUMNS = ("model", "text_id", "layer", "head", "kv_head", "query_pos", "n_keys")
 ARRAY_COLUMNS = ("logits", "keys", "query")
-
-
-class InputError(ValueError):
-    """Bad input: a message of one line naming the file, option or row at fault."""
-
-
-class RowError(InputError):
-    """A single row breaks the contract; ``row_id`` names it, ``reason`` says how."""
-
-    def __init__(self, row_id: int, reason: str, source: str | None = None):
-        self.row_id = int(row_id)
-        self.reason = reason
-        self.source = source
-        where = f" in {source}" if source else ""
-        super().__init__(f"row {self.row_id}{where}: {reason}")
 
 
 def row_schema(weights_type: pa.DataType = pa.float32(), with_keys: bool = False) -> pa.Schema:
@@ -166,44 +152,6 @@ def validate_budget(s: int, n: int, row_id: int, source: str | None = None) -> N
         raise RowError(row_id, f"budget s={s} exceeds N={n}", source)
 
 
-# Files a dump directory holds beside its row shards; never read as rows.
-SIDECAR_PATTERNS = ("texts.parquet", "stats-*.parquet")
-
-
-def is_sidecar(path: Path) -> bool:
-    return any(path.match(pattern) for pattern in SIDECAR_PATTERNS)
-
-
-def list_parquet_files(path: str | os.PathLike) -> list[Path]:
-    """The row Parquet files of a file or a directory (sorted, recursive), or an InputError.
-
-    In a directory, hidden files (work in progress) and a dump's sidecar tables
-    (``texts.parquet``, ``stats-*.parquet``) are skipped.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
-    if path.is_file():
-        return [path]
-    files = sorted(
-        p
-        for p in path.rglob("*.parquet")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts) and not is_sidecar(p)
-    )
-    if not files:
-        raise InputError(f"{path}: directory holds no .parquet files")
-    return files
-
-
-def open_parquet(path: Path) -> pq.ParquetFile:
-    """Open a Parquet file or raise an InputError naming it."""
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{path}: not a readable Parquet file ({first})") from None
-
-
 def check_columns(path: Path, schema: pa.Schema, required: Sequence[str] = REQUIRED_COLUMNS) -> None:
     missing = [c for c in required if c not in schema.names]
     if missing:
@@ -284,62 +232,6 @@ def make_row_table(rows: Sequence[dict[str, Any]], schema: pa.Schema | None = No
             table = table.append_column(k, pa.array(cols[k]))
         return table
     return pa.table(cols)
-
-
-def check_output_file(target: str | os.PathLike) -> Path:
-    """Fail early, before any work, when ``target`` cannot be written as a file.
-
-    Creates the missing parent directories (as ``atomic_path`` would) and probes them with a
-    temporary file. Raises InputError naming ``target`` when it is an existing directory or its
-    directory cannot be created or written.
-    """
-    target = Path(target)
-    if target.is_dir():
-        raise InputError(f"{target}: output path is a directory")
-    parent = target.parent if str(target.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(prefix=f".{target.name}.", dir=parent):
-            pass
-    except OSError as exc:
-        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
-    return target
-
-
-@contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, suffix: str = ""):
-    """Yield a temporary path beside ``target``; rename it over ``target`` only on success.
-
-    On an exception the temporary file is removed and ``target`` is left as it was.
-    An unwritable destination raises InputError naming it.
-    """
-    target = Path(target)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise InputError(f"{target}: output path is a directory")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=parent)
-    except OSError as exc:
-        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-    try:
-        yield Path(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def write_table_atomic(table: pa.Table, target: str | os.PathLike, row_group_size: int | None = None) -> Path:
-    """Write a Parquet file atomically (temporary file in the same directory, then rename)."""
-    with atomic_path(target) as tmp:
-        pq.write_table(table, tmp, row_group_size=row_group_size)
-    return Path(target)
 
 
 def read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:

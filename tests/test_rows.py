@@ -3,6 +3,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from forcedweight import io as fio
+from forcedweight import errors
 from forcedweight import rows
 
 
@@ -48,7 +50,7 @@ def test_stream_directory_in_row_groups_and_carry_unknown_columns(tmp_path):
     ],
 )
 def test_bad_rows_name_the_row(weights, values, dim, needle):
-    with pytest.raises(rows.RowError) as exc:
+    with pytest.raises(errors.RowError) as exc:
         rows.validate_row(weights, values, dim, row_id=42, source="f.parquet")
     assert "row 42" in str(exc.value) and needle in str(exc.value)
     assert "\n" not in str(exc.value)
@@ -60,7 +62,7 @@ def test_skip_invalid_returns_invalid_rows(tmp_path):
         {"row_id": 2, "weights": [0.5, -0.5], "values": [1.0, 2.0], "value_dim": 1},
     ])
     pq.write_table(t, tmp_path / "r.parquet")
-    with pytest.raises(rows.RowError, match="row 2"):
+    with pytest.raises(errors.RowError, match="row 2"):
         list(rows.iter_rows(tmp_path / "r.parquet"))
     got = list(rows.iter_rows(tmp_path / "r.parquet", skip_invalid=True))
     assert isinstance(got[1], rows.InvalidRow) and "negative" in got[1].reason
@@ -68,35 +70,35 @@ def test_skip_invalid_returns_invalid_rows(tmp_path):
 
 def test_budget_validation():
     rows.validate_budget(3, 3, 0)
-    with pytest.raises(rows.RowError, match="exceeds N"):
+    with pytest.raises(errors.RowError, match="exceeds N"):
         rows.validate_budget(4, 3, 7)
-    with pytest.raises(rows.RowError, match="below 1"):
+    with pytest.raises(errors.RowError, match="below 1"):
         rows.validate_budget(0, 3, 7)
 
 
 def test_bad_files(tmp_path):
-    with pytest.raises(rows.InputError, match="no such file"):
+    with pytest.raises(errors.InputError, match="no such file"):
         list(rows.iter_batches(tmp_path / "missing.parquet"))
     (tmp_path / "junk.parquet").write_text("not parquet")
-    with pytest.raises(rows.InputError, match="junk.parquet: not a readable Parquet"):
+    with pytest.raises(errors.InputError, match="junk.parquet: not a readable Parquet"):
         list(rows.iter_batches(tmp_path / "junk.parquet"))
     pq.write_table(pa.table({"weights": [[1.0]]}), tmp_path / "cols.parquet")
-    with pytest.raises(rows.InputError, match="missing required column"):
+    with pytest.raises(errors.InputError, match="missing required column"):
         list(rows.iter_batches(tmp_path / "cols.parquet"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(rows.InputError, match="no .parquet files"):
-        rows.list_parquet_files(empty)
+    with pytest.raises(errors.InputError, match="no .parquet files"):
+        fio.list_parquet_files(empty)
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "out.parquet"
     with pytest.raises(RuntimeError):
-        with rows.atomic_path(target) as tmp:
+        with fio.atomic_path(target) as tmp:
             tmp.write_text("partial")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
-    rows.write_table_atomic(_table(2), target)
+    fio.write_table_atomic(_table(2), target)
     assert pq.read_table(target).num_rows == 2
     assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]
 
@@ -104,20 +106,20 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
 def test_unwritable_destination(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(rows.InputError, match="cannot write"):
-        rows.write_table_atomic(_table(1), blocker / "sub" / "out.parquet")
+    with pytest.raises(errors.InputError, match="cannot write"):
+        fio.write_table_atomic(_table(1), blocker / "sub" / "out.parquet")
 
 
 def test_output_path_that_is_a_directory_or_unwritable(tmp_path):
     (tmp_path / "adir").mkdir()
-    with pytest.raises(rows.InputError, match="adir: output path is a directory"):
-        rows.write_table_atomic(_table(1), tmp_path / "adir")
-    with pytest.raises(rows.InputError, match="adir: output path is a directory"):
-        rows.check_output_file(tmp_path / "adir")
+    with pytest.raises(errors.InputError, match="adir: output path is a directory"):
+        fio.write_table_atomic(_table(1), tmp_path / "adir")
+    with pytest.raises(errors.InputError, match="adir: output path is a directory"):
+        fio.check_output_file(tmp_path / "adir")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(rows.InputError, match="cannot write output"):
-        rows.check_output_file(tmp_path / "file" / "out.parquet")
+    with pytest.raises(errors.InputError, match="cannot write output"):
+        fio.check_output_file(tmp_path / "file" / "out.parquet")
     # a writable target: missing parents are created, the probe leaves nothing behind
-    assert rows.check_output_file(tmp_path / "new" / "out.parquet") == tmp_path / "new" / "out.parquet"
+    assert fio.check_output_file(tmp_path / "new" / "out.parquet") == tmp_path / "new" / "out.parquet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "file", "new"]
     assert list((tmp_path / "new").iterdir()) == [] and list((tmp_path / "adir").iterdir()) == []

@@ -20,7 +20,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import typer  # noqa: E402
 
 from forcedweight.cli import certify, dump, groups, instances, memory, pipeline, probabilistic, report  # noqa: E402
-from forcedweight.rows import InputError  # noqa: E402
+from forcedweight.errors import InputError  # noqa: E402
 
 app = typer.Typer(
     add_completion=False,

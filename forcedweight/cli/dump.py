@@ -26,8 +26,8 @@ def dump(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Capture attention rows (weights, values, provenance) into Parquet shards, resumably."""
-    from forcedweight.dumps import builtin_texts, dump_rows, read_text_files, read_texts_table
-    from forcedweight.rows import InputError
+    from forcedweight.dump import builtin_texts, dump_rows, read_text_files, read_texts_table
+    from forcedweight.errors import InputError
 
     chosen: list[str] = []
     if text_file:

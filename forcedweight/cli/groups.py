@@ -18,7 +18,7 @@ def groups(
     seed: int = typer.Option(0, "--seed", help="Seed of the subset sampling."),
 ) -> None:
     """Cost of one shared kept set per KV group (top-s of summed weights) over own top-mass and ES_pool."""
-    from forcedweight.groups import group_voting
+    from forcedweight.certify.groups import group_voting
 
     path = group_voting(rows, s, out, pool_mass=pool_mass, pool_error=pool_error, max_subsets=max_subsets, seed=seed)
     typer.echo(str(path))

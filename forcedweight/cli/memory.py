@@ -20,7 +20,7 @@ def memory(
 ) -> None:
     """Physical bytes of the same per-head selection: full cache, mask over the full cache, ragged cache."""
     from forcedweight.deploy.memory import audit_memory, format_audit
-    from forcedweight.rows import atomic_path, check_output_file
+    from forcedweight.io import atomic_path, check_output_file
 
     if out is not None:
         check_output_file(out)  # an unwritable --out fails before the audit

@@ -6,18 +6,18 @@ embedded model first, then runs it (one command for the study's tables and figur
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from forcedweight.io import command_line
+
 group = typer.Typer(no_args_is_help=True, help="Probabilistic eviction with importance-sampling correction (paper 000).")
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
-    from forcedweight.rows import InputError
+    from forcedweight.errors import InputError
 
     try:
         vals = tuple(float(x) for x in text.split(",") if x.strip())
@@ -64,7 +64,7 @@ def study(
     from forcedweight.probabilistic.study import run_study
 
     cfg = _config(ratios, taus, seeds, proposal, evict_at, temperature, mix, share_gqa, seed)
-    path = run_study(rows, out, cfg, command=_command(), progress=progress)
+    path = run_study(rows, out, cfg, command=command_line(), progress=progress)
     typer.echo(str(Path(path) / "report.md"))
 
 
@@ -84,12 +84,8 @@ def run(
 
     cfg = _config(ratios, taus, seeds, proposal, evict_at, temperature, mix, share_gqa, seed)
     path = dump_and_study(out, model, n_texts=texts, max_chars=max_chars, layers=layers, cfg=cfg,
-                          command=_command(), progress=progress)
+                          command=command_line(), progress=progress)
     typer.echo(str(Path(path) / "report.md"))
-
-
-def _command() -> str:
-    return "forcedweight " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def register(app: typer.Typer) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -19,10 +17,11 @@ def report(
     n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples per interval."),
 ) -> None:
     """Medians with bootstrap intervals, Wilson bounds, substitution sensitivity, dropped-mass AUC, figures."""
+    from forcedweight.io import command_line
     from forcedweight.report import build_report
 
-    command = shlex.join(["forcedweight", *sys.argv[1:]])
-    path = build_report(results, out, hard_threshold=hard_threshold, groups_path=groups, n_boot=n_boot, seed=seed, command=command)
+    path = build_report(results, out, hard_threshold=hard_threshold, groups_path=groups, n_boot=n_boot, seed=seed,
+                        command=command_line())
     typer.echo(str(path))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
-from forcedweight.rows import InputError
+from forcedweight.errors import InputError
 
 
 def recency_random_selection(n: int, s: int, segments: int, seed: int) -> list[np.ndarray]:

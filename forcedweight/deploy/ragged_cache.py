@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from forcedweight.rows import InputError
+from forcedweight.errors import InputError
 
 
 @dataclass

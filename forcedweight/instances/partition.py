@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from forcedweight.instances.proofs import MAX_M, prove_balanced, verify_witness
-from forcedweight.rows import InputError, atomic_path, write_table_atomic
+from forcedweight.errors import InputError
+from forcedweight.io import atomic_path, write_table_atomic
 
 KINDS = ("yes", "no", "near_miss")
 MAX_DRAWS = 10_000
@@ -42,7 +43,7 @@ def default_bits(m: int) -> int:
     no-instance with high probability (about 90% at m = 40, 37 bits; the generator redraws the
     rest), near enough to the phase transition to be hard for CP-SAT, while the values stay
     small enough that float64 rounding in ``E`` (at most about ``2 (2 m + 4) eps 2**bits``,
-    :func:`forcedweight.solvers.mitm.error_tolerance`) stays well below the smallest gap 1/m.
+    :func:`forcedweight.certify.solvers.mitm.error_tolerance`) stays well below the smallest gap 1/m.
     """
     return max(8, math.ceil(math.log2(math.comb(m, m // 2))) - 1)
 

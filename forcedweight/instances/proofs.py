@@ -8,7 +8,7 @@ sums: a split is a sign vector ``sigma`` (+1 in S, -1 outside) with ``sum sigma 
 all its signed sums, grouped by how many of its elements go into S; the two halves are matched
 by sorting one side and binary-searching the negation of the other.
 
-It deliberately shares no code with ``forcedweight.solvers.mitm`` (which minimises the forced
+It deliberately shares no code with ``forcedweight.certify.solvers.mitm`` (which minimises the forced
 error over subset sums split by size, for any budget s), so that the generators' answers and
 that solver check each other.
 """

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from forcedweight.rows import InputError
+from forcedweight.errors import InputError
 
 BACKENDS = ("triton", "torch", "reference")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

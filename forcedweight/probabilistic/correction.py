@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forcedweight.rows import InputError
+from forcedweight.errors import InputError
 
 
 def correction_bias(counts: np.ndarray, pi: np.ndarray, m: int, tau: float = 1.0) -> np.ndarray:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import log_softmax
 
-from forcedweight.rows import InputError
+from forcedweight.errors import InputError
 
 PROPOSALS = ("h2o", "snapkv", "knorm", "streaming", "uniform")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from forcedweight.probabilistic.proposals import validate_proposal
-from forcedweight.rows import InputError
+from forcedweight.errors import InputError
 
 DEFAULT_MAX_SAMPLES = 1 << 40
 

@@ -26,7 +26,9 @@ import numpy as np
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
 from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
 from forcedweight.probabilistic.sampling import expected_unique, global_sample_count, sample, sample_count
-from forcedweight.rows import InputError, iter_batches, list_parquet_files, read_table
+from forcedweight.errors import InputError
+from forcedweight.io import list_parquet_files
+from forcedweight.rows import iter_batches, read_table
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_TAUS = (1.0, 2.0, 3.0, 4.0, 5.0)
@@ -425,7 +427,7 @@ def dump_and_study(
     """One command for the whole study: dump every position (with keys) of a few layers of ``model`` over
     the first ``n_texts`` built-in texts (each cut to ``max_chars`` characters) into ``out_dir/rows``,
     then :func:`run_study` into ``out_dir``. Rerunning resumes the dump."""
-    from forcedweight.dumps import builtin_texts, dump_rows
+    from forcedweight.dump import builtin_texts, dump_rows
 
     cfg = cfg or StudyConfig()
     cfg.check()

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from forcedweight.rows import atomic_path, write_table_atomic
+from forcedweight.io import atomic_path, write_table_atomic
 
 METHOD_ORDER = ("topk", "sampled", "corrected")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forcedweight import operator as op
+from forcedweight.core import operator as op
 from forcedweight.selectors.base import RowView, Selector
 
 REL_TOL = 1e-12

@@ -1,0 +1,485 @@
+"""Streaming, parallel, resumable certification of a rows file (SPEC §2, §5).
+
+``run_certify`` (behind ``certify.certify_file`` and ``forcedweight certify``):
+
+1. **Validation pass.** The input is streamed once, one row group at a time, reading only the
+   array columns, and every row and budget is checked (vectorised over Arrow offsets; the exact
+   message comes from ``rows.validate_row``). Without ``skip_invalid`` the first bad row stops
+   the run before any work, with a ``RowError`` naming the row and file, and nothing is written.
+2. **Shards.** The input is streamed again; every row group is cut into chunks of at most
+   ``chunk_rows`` rows, one shard each, named by the global position of its first row.
+3. **Execution.** In process (``workers=1``), a local process pool (``workers=N``; forked from a
+   clean fork server that preloads the modules, each with ``max(1, cores // N)`` Numba and BLAS
+   threads; the fork server keeps the thread environment of the first pool), or a Dask cluster
+   (``scheduler=ADDRESS``; ``distributed.Client(address)``; Numba threads left to the workers).
+   At most 2 shards per worker process (or per Dask worker thread) are in flight, so memory
+   stays bounded.
+4. **Resume.** Each finished shard is written atomically as ``part-<position>.parquet`` in the
+   hidden work directory ``.<OUT name>.parts/`` beside the output, with ``state.json`` holding a
+   fingerprint of the input files (path, size, mtime), the budgets and the options. A rerun with
+   the same fingerprint reuses the parts; with a different one the directory is cleared and the
+   run starts over (a note goes to stderr). A run stopped by an error mid-way leaves no output
+   file, but its parts stay for the next run.
+5. **Assembly.** The parts are concatenated, sorted by ``(row_id, s)``, written atomically to
+   ``out``, and the work directory is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from forcedweight import io as fio
+from forcedweight import rows
+from forcedweight.certify.row import (
+    DROPPED_COLUMNS, OUTPUT_COLUMNS, CertifyOptions, certify_row, invalid_record,
+)
+from forcedweight.errors import InputError, RowError
+from forcedweight.rows import InvalidRow
+
+STATE_VERSION = 1
+#: test hook: SIGKILL this process after writing this many parts (simulates a crash)
+KILL_HOOK = "FORCEDWEIGHT_TEST_KILL_AFTER_PARTS"
+
+_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
+          "list<int64>": pa.list_(pa.int64())}
+_OUTPUT_NAMES = {name for name, _ in OUTPUT_COLUMNS}
+
+
+def output_schema(input_schema: pa.Schema | None = None) -> pa.Schema:
+    """The fixed output columns, then the input's carried (provenance/unknown) columns."""
+    fields = [pa.field(name, _TYPES[t]) for name, t in OUTPUT_COLUMNS]
+    if input_schema is not None:
+        fields += [f for f in input_schema
+                   if f.name not in DROPPED_COLUMNS and f.name not in _OUTPUT_NAMES]
+    return pa.schema(fields)
+
+
+def records_to_table(records: list[dict], input_schema: pa.Schema | None) -> pa.Table:
+    """Output records (``certify_row`` dicts) as an Arrow table of ``output_schema``."""
+    schema = output_schema(input_schema)
+    return pa.table({f.name: pa.array([r.get(f.name) for r in records], type=f.type) for f in schema},
+                    schema=schema)
+
+
+def parts_dir_for(out: str | os.PathLike) -> Path:
+    """The hidden work directory of an output file: ``.<name>.parts`` beside it."""
+    out = Path(out)
+    return out.parent / f".{out.name}.parts"
+
+
+# ------------------------------------------------------------------------------------------
+# validation pass
+
+
+def _lengths(col: pa.Array) -> np.ndarray:
+    """List lengths, -1 for a null list."""
+    return pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _flat(col: pa.Array, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flattened float64 values (nulls -> NaN) and the row index of each."""
+    flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)
+    return flat, np.repeat(np.arange(lens.size), np.maximum(lens, 0))
+
+
+def _check_list_type(path: Path, schema: pa.Schema, name: str) -> None:
+    if name not in schema.names:
+        return
+    t = schema.field(name).type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+        pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type)
+    ):
+        raise InputError(f"{path}: column {name} must be a list of numbers, not {t}")
+
+
+def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Sequence[int]):
+    """Validate one batch of rows and budgets; yields ``(row_id, s or None, reason)`` per bad one.
+
+    Vectorised over the Arrow offsets; a row flagged here is re-checked by
+    ``rows.validate_row`` so that the message is the contract's own.
+    """
+    n = batch.num_rows
+    names = batch.schema.names
+    for name in ("weights", "values", "keys", "query"):
+        _check_list_type(source, batch.schema, name)
+    if "row_id" in names:
+        ids = batch.column("row_id").to_numpy(zero_copy_only=False)
+        ids = np.where(_isnull(ids), np.arange(start, start + n), ids).astype(np.int64)
+    else:
+        ids = np.arange(start, start + n, dtype=np.int64)
+    w = batch.column("weights")
+    wl = _lengths(w)
+    wf, wr = _flat(w, wl)
+    vcol = batch.column("values")
+    vl = _lengths(vcol)
+    vf, vr = _flat(vcol, vl)
+    vd = pc.fill_null(batch.column("value_dim"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    fin_w = np.isfinite(wf)
+    bad = (wl <= 0) | (vl < 0) | (vd < 1) | (vl != wl * vd)
+    bad |= np.bincount(wr[~fin_w], minlength=n) > 0
+    bad |= np.bincount(wr[fin_w & (wf < 0)], minlength=n) > 0
+    bad |= ~(np.bincount(wr, weights=np.where(fin_w, wf, 0.0), minlength=n) > 0)
+    bad |= np.bincount(vr[~np.isfinite(vf)], minlength=n) > 0
+    key_reason: dict[int, str] = {}
+    if "keys" in names:
+        kl = _lengths(batch.column("keys"))
+        ql = _lengths(batch.column("query")) if "query" in names else np.full(n, -1)
+        for i in np.flatnonzero(kl >= 0):
+            if wl[i] <= 0:
+                continue
+            if kl[i] == 0 or kl[i] % wl[i]:
+                key_reason[i] = f"keys length {kl[i]} is not a multiple of N={wl[i]}"
+            elif ql[i] >= 0 and ql[i] != kl[i] // wl[i]:
+                key_reason[i] = f"query length {ql[i]} differs from the key dim {kl[i] // wl[i]}"
+    for i in range(n):
+        rid = int(ids[i])
+        if bad[i]:
+            row = batch.slice(i, 1).to_pydict()
+            try:
+                rows.validate_row(row["weights"][0], row["values"][0], row["value_dim"][0], rid)
+                reason = "row breaks the contract"  # pragma: no cover (the vectorised check is stricter)
+            except RowError as exc:
+                reason = exc.reason
+            yield rid, None, reason
+            continue
+        if i in key_reason:
+            yield rid, None, key_reason[i]
+            continue
+        for s in s_values:
+            if s > wl[i]:
+                yield rid, s, f"budget s={s} exceeds N={wl[i]}"
+
+
+def _isnull(arr: np.ndarray) -> np.ndarray:
+    """Null mask of an Arrow-converted numeric array (nulls come back as NaN or None)."""
+    if arr.dtype == object:
+        return np.array([x is None for x in arr], dtype=bool)
+    if np.issubdtype(arr.dtype, np.floating):
+        return np.isnan(arr)
+    return np.zeros(arr.shape, dtype=bool)
+
+
+_CHECK_COLUMNS = ("row_id", "weights", "values", "value_dim", "keys", "query")
+
+
+def validate_input(path, s_values: Sequence[int], skip_invalid: bool) -> tuple[int, int]:
+    """Stream the input once and check every row and budget.
+
+    Returns ``(rows, bad (row, s) pairs)``. Without ``skip_invalid`` the first bad row raises
+    ``RowError`` (naming row and file); missing/unreadable files raise ``InputError``.
+    """
+    total = bad = 0
+    for file, start, batch in rows.iter_batches(path, columns=_CHECK_COLUMNS):
+        total += batch.num_rows
+        for rid, s, reason in check_batch(batch, start, file, s_values):
+            if not skip_invalid:
+                raise RowError(rid, reason, str(file))
+            bad += len(s_values) if s is None else 1
+    return total, bad
+
+
+# ------------------------------------------------------------------------------------------
+# shards and the work on one shard
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A chunk of consecutive input rows: global position of its first row, and its size."""
+
+    start: int
+    length: int
+    source: str
+
+    @property
+    def name(self) -> str:
+        return f"part-{self.start:012d}.parquet"
+
+
+def iter_shards(path, chunk_rows: int) -> Iterator[tuple[Shard, pa.RecordBatch]]:
+    """Stream the input as shards: each row group cut into chunks of at most ``chunk_rows``."""
+    for file, start, batch in rows.iter_batches(path):
+        for off in range(0, batch.num_rows, chunk_rows):
+            part = batch.slice(off, chunk_rows)
+            yield Shard(start + off, part.num_rows, str(file)), part
+
+
+def certify_batch(batch: pa.RecordBatch, start: int, source: str, s_values: Sequence[int],
+                  options: CertifyOptions, skip_invalid: bool) -> pa.Table:
+    """Certify every row of a batch at every budget; one output table (records in input order)."""
+    records = []
+    for row in rows.rows_from_batch(batch, start, source=source, skip_invalid=True):
+        if isinstance(row, InvalidRow):
+            if not skip_invalid:
+                raise RowError(row.row_id, row.reason, source)
+            records += [invalid_record(row.row_id, s, row.reason, row.extra) for s in s_values]
+            continue
+        for s in s_values:
+            try:
+                records.append(certify_row(row, s, options))
+            except RowError as exc:
+                if not skip_invalid:
+                    raise RowError(exc.row_id, exc.reason, source) from None
+                records.append(invalid_record(row.row_id, s, exc.reason, row.extra, row.n_keys))
+    return records_to_table(records, batch.schema)
+
+
+def _shard_task(batch, start, source, s_values, options, skip_invalid):
+    """Worker entry: ``("ok", table)`` or ``("row_error", row_id, reason, source)``.
+
+    RowError does not survive pickling (its constructor takes three arguments), so it travels
+    back as a tuple and is re-raised in the parent.
+    """
+    try:
+        return ("ok", certify_batch(batch, start, source, s_values, options, skip_invalid))
+    except RowError as exc:
+        return ("row_error", exc.row_id, exc.reason, exc.source)
+
+
+def _init_worker(threads: int) -> None:
+    import numba
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
+# ------------------------------------------------------------------------------------------
+# resume state
+
+
+def fingerprint(path, s_values, options: CertifyOptions, skip_invalid: bool, chunk_rows: int) -> dict:
+    files = []
+    for f in fio.list_parquet_files(path):
+        st = f.stat()
+        files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    return {"version": STATE_VERSION, "input": files, "s_values": list(s_values),
+            "options": options.to_dict(), "skip_invalid": bool(skip_invalid), "chunk_rows": chunk_rows}
+
+
+def prepare_parts_dir(parts: Path, state: dict, note) -> None:
+    """Create the work directory, or reuse it when its state matches; else clear it."""
+    state_file = parts / "state.json"
+    if parts.exists():
+        try:
+            old = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            old = None
+        if old == state:
+            return
+        note(f"note: {parts} holds parts of a run with other input or options; starting over")
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True)
+    with fio.atomic_path(state_file) as tmp:
+        tmp.write_text(json.dumps(state, indent=1))
+
+
+# ------------------------------------------------------------------------------------------
+# the run
+
+
+@contextmanager
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    with Progress(TextColumn("certify"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                  transient=False) as prog:
+        task = prog.add_task("certify", total=total)
+        yield lambda n: prog.advance(task, n)
+
+
+def _check_paths(path, out: Path) -> None:
+    src = Path(path)
+    if out.exists() and out.is_dir():
+        raise InputError(f"{out}: output path is a directory")
+    if src.exists():
+        src_r, out_r = src.resolve(), out.resolve()
+        if src.is_dir() and (out_r.parent == src_r or src_r in out_r.parents):
+            raise InputError(f"{out}: output inside the input directory {src} would be read as input")
+        if src.is_file() and out_r == src_r:
+            raise InputError(f"{out}: output would overwrite the input")
+    fio.check_output_file(out)  # an unwritable destination fails now, not after the work
+
+
+def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, workers: int = 1,
+                scheduler: str | None = None, skip_invalid: bool = False, progress: bool = True,
+                chunk_rows: int = 64) -> Path:
+    """Certify every (row, s) of a Parquet file/directory into ``out`` (see the module doc).
+
+    Raises
+    ------
+    InputError
+        Missing path, not Parquet, missing columns, bad options (naming file or option).
+    RowError
+        A bad row or budget without ``skip_invalid`` (naming row and file); no output written.
+    """
+    out = Path(out)
+    s_values = sorted({int(s) for s in s_values})
+    if not s_values:
+        raise InputError("--s: give at least one budget")
+    if s_values[0] < 1:
+        raise InputError(f"--s {s_values[0]}: a budget must be >= 1")
+    if workers < 1:
+        raise InputError(f"--workers must be >= 1, got {workers}")
+    if chunk_rows < 1:
+        raise InputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
+    _check_paths(path, out)
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    total, _ = validate_input(path, s_values, skip_invalid)
+    parts = parts_dir_for(out)
+    kill_after = int(os.environ.get(KILL_HOOK, "0") or 0)
+    written = 0
+    shards: list[Shard] = []
+    schema_seen: pa.Schema | None = None
+
+    def finish(shard: Shard, result) -> None:
+        nonlocal written
+        if result[0] == "row_error":
+            raise RowError(result[1], result[2], result[3])
+        fio.write_table_atomic(result[1], parts / shard.name)
+        written += 1
+        if kill_after and written >= kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    executor, owned, slots = _executor(workers, scheduler)  # connect first: a bad address leaves nothing
+    ok = False
+    try:
+        prepare_parts_dir(parts, fingerprint(path, s_values, options, skip_invalid, chunk_rows), note)
+        with _progress(progress, total) as advance:
+            pending: dict = {}
+
+            def drain() -> None:
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    shard = pending.pop(fut)
+                    finish(shard, fut.result())
+                    advance(shard.length)
+
+            for shard, batch in iter_shards(path, chunk_rows):
+                shards.append(shard)
+                schema_seen = schema_seen or batch.schema
+                if (parts / shard.name).exists():
+                    advance(shard.length)
+                    continue
+                args = (batch, shard.start, shard.source, s_values, options, skip_invalid)
+                if executor is None:
+                    finish(shard, _shard_task(*args))
+                    advance(shard.length)
+                    continue
+                pending[executor.submit(_shard_task, *args)] = shard
+                while len(pending) >= 2 * slots:
+                    drain()
+            while pending:
+                drain()
+        ok = True
+    finally:
+        if isinstance(executor, ProcessPoolExecutor):
+            # on success the idle workers exit in the background (their teardown takes seconds)
+            executor.shutdown(wait=not ok, cancel_futures=True)
+        elif executor is not None:
+            executor.shutdown(wait=False)
+        for closer in owned:
+            closer()
+
+    tables = [pq.read_table(parts / sh.name) for sh in shards]
+    if tables:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    else:
+        table = output_schema(schema_seen).empty_table()
+    table = table.sort_by([("row_id", "ascending"), ("s", "ascending")])
+    fio.write_table_atomic(table, out)
+    shutil.rmtree(parts, ignore_errors=True)
+    return out
+
+
+def _executor(workers: int, scheduler: str | None):
+    """``(executor or None, [closers], slots)``: None = run in this process; slots = parallel tasks."""
+    if scheduler:
+        try:
+            from distributed import Client
+        except ImportError as exc:  # pragma: no cover
+            raise InputError(f"--scheduler needs dask.distributed ({exc})") from None
+        try:
+            client = Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise InputError(f"--scheduler {scheduler}: cannot connect ({exc})") from None
+        slots = max(1, sum(client.nthreads().values()))
+        return client.get_executor(pure=False), [client.close], slots
+    if workers == 1:
+        return None, [], 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // workers)
+    # new worker processes read these when NumPy/Numba load: no oversubscription of the cores
+    saved = {k: os.environ.get(k) for k in _THREAD_VARS}
+    os.environ.update({k: str(threads) for k in _THREAD_VARS})
+
+    def restore() -> None:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(),
+                             initializer=_init_worker, initargs=(threads,))
+    return ex, [restore], workers
+
+
+#: imported once by the fork server, so that workers start without re-importing them
+PRELOAD = ("forcedweight.certify.run", "forcedweight.certify.enumerate", "forcedweight.certify.solvers.bnb",
+           "forcedweight.certify.solvers.mitm")
+
+
+def _mp_context():
+    """A fork server (a clean process, never the caller's threads or torch state) with the
+    certification modules preloaded; plain spawn where fork servers do not exist."""
+    import multiprocessing as mp
+
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        return ctx
+    return mp.get_context("spawn")
+
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def certify_file(
+    input: str | Path,
+    out: str | Path,
+    s_values: Sequence[int],
+    options: CertifyOptions | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
+    skip_invalid: bool = False,
+    progress: bool = True,
+    chunk_rows: int = 64,
+) -> Path:
+    """Certify every row of a Parquet file/directory at every budget; write RESULTS atomically.
+
+    See ``run_certify`` for streaming, workers, Dask, resume and bad input.
+    """
+    return run_certify(input, out, s_values, options or CertifyOptions(), workers=workers,
+                       scheduler=scheduler, skip_invalid=skip_invalid, progress=progress,
+                       chunk_rows=chunk_rows)

@@ -1,0 +1,472 @@
+"""Exact depth-first branch and bound over all N keys (SPEC §5), in Numba.
+
+Keys are sorted by mass (descending). A node is a partial set ``T`` (``y_T = sum_T a_i``,
+``w_T = p(T)``) plus the keys ``R`` after the last decided position, from which ``r = s - |T|``
+keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned when no completion
+``S`` can have ``E(S) = ||y_S|| / w_S < lam``, by any of:
+
+* mass: ``w_S <= w_max = w_T + (the r largest masses in R)``; if ``w_max = 0`` every completion
+  has ``E = inf``.
+* box: in a fixed orthonormal basis (principal axes of ``A``), coordinate j of ``y_S`` lies in
+  ``[y_Tj + (sum of the r smallest a_kj in R), y_Tj + (sum of the r largest)]``, so
+  ``||y_S|| >= dist(0, box)`` and ``E(S) >= dist(0, box) / w_max``.
+* projection (a linear test, exact for the ratio): for the unit vector ``u = y_T / ||y_T||``,
+  ``||y_S|| >= <y_S, u>``, so ``E(S) >= lam`` for every completion when
+  ``<y_T, u> - lam w_T + (sum of the r smallest (<a_k, u> - lam p_k) over R) >= 0``.
+  This is the SPEC bound ``||y_S|| >= ||y_T|| + (sum of the r smallest <y_T, a_k>) / ||y_T||``
+  with the mass folded into the same sum, hence never weaker than dividing by ``w_max``.
+  The test is valid for *any* unit vector u, and its value is concave in u with supergradient
+  ``y_T + sum_Z a_z`` (Z the minimising completion). When it fails, up to ``NREF = 8``
+  supergradient steps (lengths THETA / sqrt(j)) improve u; u stays a combination of ``y_T`` and
+  the ``a_z`` met so far, ``sum_z c_z <a_z, a_k>`` is accumulated from Gram rows step by step and
+  ``||v||``, ``<v, y_T>`` come from Gram entries with a rounding margin (a step costs
+  r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
+  the wall time 1.3-3x on hard rows (the first pruning success ends the steps).
+
+Before the search the incumbent is polished by best-improvement 1-swaps over all keys (only the
+incumbent moves: no proof depends on it).
+
+All three bounds only grow as ``R`` shrinks, so once the node "next key = k" is pruned, every
+later k at that depth is too. Inner products ``<y_T, a_k>`` come from the Gram matrix and are
+corrected by a rigorous rounding margin; leaves are checked by a Gram lower end and then evaluated
+directly in float64. ``proved`` means: no kept set has ``E < value * (1 - rel_tol)``
+(``rel_tol = 1e-9``; ``SolverResult.tolerance = rel_tol * value``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import njit
+
+from forcedweight.core import operator as op
+from .result import SolverResult
+
+_EPS = float(np.finfo(np.float64).eps)
+REL_TOL = 1e-9
+NREF = 8  # supergradient steps on the direction u per node (projection test)
+THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
+DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
+POLISH_ROUNDS = 50  # best-improvement 1-swap rounds on the incumbent
+_BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
+
+
+@njit(cache=True)
+def _box_tables(A, s, lo, hi):
+    """lo[j, r, q] / hi[j, r, q]: sum of the r smallest / largest A[k, q] over k >= j."""
+    N, d = A.shape
+    small = np.empty(s)
+    large = np.empty(s)
+    for q in range(d):
+        ns = 0
+        nl = 0
+        for j in range(N - 1, -1, -1):
+            x = A[j, q]
+            # insert x into the ascending list of the s smallest
+            if ns < s:
+                pos = ns
+                ns += 1
+            else:
+                pos = s - 1
+                if x >= small[pos]:
+                    pos = -1
+            if pos >= 0:
+                while pos > 0 and small[pos - 1] > x:
+                    small[pos] = small[pos - 1]
+                    pos -= 1
+                small[pos] = x
+            # the s largest, descending
+            if nl < s:
+                pos = nl
+                nl += 1
+            else:
+                pos = s - 1
+                if x <= large[pos]:
+                    pos = -1
+            if pos >= 0:
+                while pos > 0 and large[pos - 1] < x:
+                    large[pos] = large[pos - 1]
+                    pos -= 1
+                large[pos] = x
+            acc_lo = 0.0
+            acc_hi = 0.0
+            for r in range(1, s + 1):
+                if r <= ns:
+                    acc_lo += small[r - 1]
+                    acc_hi += large[r - 1]
+                lo[j, r, q] = acc_lo
+                hi[j, r, q] = acc_hi
+
+
+@njit(cache=True)
+def _r_smallest_sum(vals, start, r, buf, bidx):
+    """Sum of the r smallest of vals[start:] (r <= len); their indices go to bidx[:r]."""
+    n = 0
+    for k in range(start, vals.shape[0]):
+        x = vals[k]
+        if n < r:
+            pos = n
+            n += 1
+        elif x < buf[r - 1]:
+            pos = r - 1
+        else:
+            continue
+        while pos > 0 and buf[pos - 1] > x:
+            buf[pos] = buf[pos - 1]
+            bidx[pos] = bidx[pos - 1]
+            pos -= 1
+        buf[pos] = x
+        bidx[pos] = k
+    acc = 0.0
+    for i in range(r):
+        acc += buf[i]
+    return acc
+
+
+@njit(cache=True)
+def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, g, buf,
+                bidx, yv, gv, h, nref, theta, decay):
+    """True when node (T = level t, next key k) may contain a set with E < lam."""
+    N, d = A.shape
+    r = s - t
+    if N - k < r:
+        return False
+    wmax = ws[t] + (cum[min(N, k + r)] - cum[k])
+    if wmax <= 0.0:
+        return False
+    if use_box:
+        dist2 = 0.0
+        for q in range(d):
+            y = ys[t, q]
+            a = y + lo[k, r, q]
+            b = y + hi[k, r, q]
+            slack = 4.0 * (r + 2) * _EPS * (abs(y) + abs(lo[k, r, q]) + abs(hi[k, r, q]))
+            if a - slack > 0.0:
+                dist2 += (a - slack) * (a - slack)
+            elif b + slack < 0.0:
+                dist2 += (b + slack) * (b + slack)
+        if dist2 >= (lam * wmax) * (lam * wmax):
+            return False
+    if t > 0:
+        ny2 = 0.0
+        for q in range(d):
+            ny2 += ys[t, q] * ys[t, q]
+        ny = np.sqrt(ny2)
+        if ny > 0.0:
+            err = gamma * bs[t] / ny
+            for kk in range(k, N):
+                g[kk] = (cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk]
+            tot = ny - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+            if tot >= 0.0:
+                return False
+            # supergradient ascent on u: the test value is concave in u and its supergradient at u
+            # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
+            # v = alpha y_T + sum_j c_j a_{z_j}, and h[kk] = sum_j c_j <a_{z_j}, a_kk> (from the
+            # Gram matrix) is accumulated step by step, so a step costs r |R| + r^2, with no
+            # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
+            # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
+            # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
+            # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||.
+            # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
+            # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
+            alpha = 1.0 / ny
+            vv = ny2 * alpha * alpha
+            vy = ny2 * alpha
+            for kk in range(k, N):
+                h[kk] = 0.0
+            bz = alpha * bs[t]
+            nz = 0
+            for step in range(nref):
+                vg = vy
+                yg = ny2
+                gg = ny2
+                for i in range(r):
+                    z = bidx[i]
+                    vg += alpha * cs[t, z] + h[z]
+                    yg += cs[t, z]
+                    gg += 2.0 * cs[t, z]
+                    for i2 in range(r):
+                        gg += G[z, bidx[i2]]
+                if not gg > 0.0:
+                    break
+                eta = theta / ((step + 1.0) ** decay * np.sqrt(gg))
+                vv += 2.0 * eta * vg + eta * eta * gg
+                vy += eta * yg
+                alpha += eta
+                bz += eta * bs[t]
+                for i in range(r):
+                    z = bidx[i]
+                    bz += eta * nrm[z]
+                    for kk in range(k, N):
+                        h[kk] += eta * G[z, kk]
+                nz += r
+                kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
+                nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
+                if not nv > 0.0:
+                    break
+                dot = vy - kap2 * bz * bs[t]
+                err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
+                for kk in range(k, N):
+                    g[kk] = ((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]
+                tot = dot / nv - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+                if tot >= 0.0:
+                    return False
+    return True
+
+
+@njit(cache=True)
+def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
+            idx, state, ys, ws, bs, cs, best, bestset, budget, nref, theta, decay):
+    """Resumable DFS. state = [t, done, nodes, leaves]; best = [E_best]. Returns after budget."""
+    N, d = A.shape
+    g = np.empty(N)
+    buf = np.empty(s)
+    bidx = np.zeros(s, np.int64)
+    yv = np.empty(d)
+    gv = np.empty(d)
+    h = np.zeros(N)
+    t = state[0]
+    nodes = 0
+    while nodes < budget:
+        nodes += 1
+        k = idx[t]
+        state[4 + t] += 1
+        lam = best[0] * (1.0 - rel_tol)
+        r = s - t
+        ok = _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
+                         gamma, g, buf, bidx, yv, gv, h, nref, theta, decay)
+        if ok and r == 1:
+            # leaves: every last key in R
+            n2T = 0.0
+            for q in range(d):
+                n2T += ys[t, q] * ys[t, q]
+            for kk in range(k, N):
+                wv = ws[t] + pw[kk]
+                if wv <= 0.0:
+                    continue
+                bv = bs[t] + nrm[kk]
+                lam = best[0] * (1.0 - rel_tol)
+                n2 = n2T + 2.0 * cs[t, kk] + G[kk, kk]
+                if n2 - kappa * bv * bv < (lam * wv) * (lam * wv):
+                    acc = 0.0
+                    for q in range(d):
+                        y = ys[t, q] + A[kk, q]
+                        acc += y * y
+                    e = np.sqrt(acc) / wv
+                    state[3] += 1
+                    if e < best[0]:
+                        best[0] = e
+                        for i in range(t):
+                            bestset[i] = idx[i]
+                        bestset[t] = kk
+            ok = False
+        if ok:
+            # include k: push level t + 1
+            for q in range(d):
+                ys[t + 1, q] = ys[t, q] + A[k, q]
+            ws[t + 1] = ws[t] + pw[k]
+            bs[t + 1] = bs[t] + nrm[k]
+            for kk in range(k + 1, N):
+                cs[t + 1, kk] = cs[t, kk] + G[k, kk]
+            t += 1
+            idx[t] = k + 1
+            continue
+        # pruned or exhausted: back to the parent's next sibling
+        t -= 1
+        if t < 0:
+            state[1] = 1
+            break
+        idx[t] += 1
+    state[0] = max(t, 0)
+    state[2] += nodes
+
+
+@njit(cache=True)
+def _polish(A, pw, G, best_set, max_rounds):
+    """Best-improvement 1-swaps over all keys from best_set (in place); returns its E.
+
+    Only moves the incumbent (never part of a proof): every accepted swap is re-evaluated
+    directly in float64 and must be strictly better.
+    """
+    N, d = A.shape
+    s = best_set.shape[0]
+    inset = np.zeros(N, np.bool_)
+    for i in range(s):
+        inset[best_set[i]] = True
+    y = np.zeros(d)
+    w = 0.0
+    for i in range(s):
+        for q in range(d):
+            y[q] += A[best_set[i], q]
+        w += pw[best_set[i]]
+    cur = np.sqrt(np.sum(y * y)) / w if w > 0.0 else np.inf
+    c = A @ y  # <y, a_j>
+    for _ in range(max_rounds):
+        n2 = np.sum(y * y)
+        bv = np.inf
+        bi = -1
+        bj = -1
+        for ii in range(s):
+            i = best_set[ii]
+            for j in range(N):
+                if inset[j]:
+                    continue
+                wv = w - pw[i] + pw[j]
+                if wv <= 0.0:
+                    continue
+                e2 = n2 + G[i, i] + G[j, j] - 2.0 * c[i] + 2.0 * c[j] - 2.0 * G[i, j]
+                v = max(e2, 0.0) / (wv * wv)
+                if v < bv:
+                    bv = v
+                    bi = ii
+                    bj = j
+        if bi < 0:
+            break
+        i = best_set[bi]
+        acc = 0.0
+        for q in range(d):
+            t = y[q] - A[i, q] + A[bj, q]
+            acc += t * t
+        wv = w - pw[i] + pw[bj]
+        e = np.sqrt(acc) / wv
+        if not e < cur:
+            break
+        cur = e
+        for q in range(d):
+            y[q] += A[bj, q] - A[i, q]
+        w = wv
+        for j in range(N):
+            c[j] += G[bj, j] - G[i, j]
+        inset[i] = False
+        inset[bj] = True
+        best_set[bi] = bj
+    return cur
+
+
+@njit(cache=True)
+def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma):
+    """Proved lower bound on E over the unexplored nodes (min with the incumbent)."""
+    N, d = A.shape
+    lb = best
+    buf = np.empty(s)
+    g = np.empty(N)
+    for t in range(t_cur + 1):
+        k = idx[t] + (1 if t < t_cur else 0)
+        r = s - t
+        if N - k < r:
+            continue
+        wmax = ws[t] + (cum[min(N, k + r)] - cum[k])
+        if wmax <= 0.0:
+            continue
+        nb = 0.0
+        if use_box:
+            dist2 = 0.0
+            for q in range(d):
+                a = ys[t, q] + lo[k, r, q]
+                b = ys[t, q] + hi[k, r, q]
+                if a > 0.0:
+                    dist2 += a * a
+                elif b < 0.0:
+                    dist2 += b * b
+            nb = np.sqrt(dist2)
+        ny2 = 0.0
+        for q in range(d):
+            ny2 += ys[t, q] * ys[t, q]
+        ny = np.sqrt(ny2)
+        if ny > 0.0:
+            for kk in range(k, N):
+                g[kk] = (cs[t, kk] - gamma * bs[t] * nrm[kk]) / ny
+            nb = max(nb, ny + _r_smallest_sum(g, k, r, buf, np.zeros(s, np.int64)))
+        lb = min(lb, nb / wmax)
+    return lb
+
+
+def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
+              rel_tol: float = REL_TOL, polish: bool = True) -> SolverResult:
+    """Exact ES(s) over all N keys by depth-first branch and bound.
+
+    Parameters
+    ----------
+    p : (N,) float64 weights; V : (N, d) values; s : 1 <= s <= N.
+    incumbent : optional (s,) key indices of a known good set (warm start; default top-mass).
+    time_limit : seconds (checked between batches of nodes).
+    rel_tol : a node is pruned when its bound is >= best * (1 - rel_tol).
+    polish : first improve the incumbent by best-improvement 1-swaps over all keys.
+
+    Returns
+    -------
+    SolverResult(solver="bnb"): ``proved`` when the search completed; otherwise
+    ``lower_bound`` is the minimum bound over the open nodes (<= value).
+    """
+    t0 = time.perf_counter()
+    p, V = op.as_row(p, V, s)
+    N = p.shape[0]
+    start = op.top_mass_set(p, s) if incumbent is None else op.as_index(incumbent, N)
+    if start.size != s:
+        raise ValueError(f"incumbent has {start.size} keys, expected s = {s}")
+    if s == N:
+        S = np.arange(N, dtype=np.int64)
+        return SolverResult(0.0, S, 0.0, True, "bnb", time.perf_counter() - t0, 0.0, {"nodes": 0})
+    order = np.lexsort((np.arange(N), -p))
+    rank = np.empty(N, dtype=np.int64)
+    rank[order] = np.arange(N)
+    A0 = op.centred_contributions(p, V)[order]
+    # principal axes: a fixed rotation (norms unchanged) that tightens the box bound
+    _, Q = np.linalg.eigh(A0.T @ A0)
+    A = np.ascontiguousarray(A0 @ Q[:, ::-1])
+    d = A.shape[1]
+    pw = np.ascontiguousarray(p[order])
+    nrm = np.sqrt(np.einsum("ij,ij->i", A, A))
+    G = A @ A.T
+    kappa = 2.0 * (d + 2 * s + 4) * _EPS  # rounding margin of Gram-based squared norms
+    gamma = 2.0 * (d + s + 4) * _EPS  # rounding margin of Gram-based inner products
+    inc = np.sort(rank[start])
+    e_start = np.linalg.norm(A[inc].sum(axis=0)) / pw[inc].sum() if pw[inc].sum() > 0 else np.inf
+    if polish and s < N:
+        _polish(A, pw, G, inc, POLISH_ROUNDS)
+        inc = np.sort(inc)
+    y = A[inc].sum(axis=0)
+    w = pw[inc].sum()
+    e_inc = np.linalg.norm(y) / w if w > 0 else np.inf
+    cum = np.concatenate([[0.0], np.cumsum(pw)])
+    use_box = (N + 1) * (s + 1) * d <= _BOX_MAX
+    shape = (N + 1, s + 1, d) if use_box else (1, 1, 1)
+    lo = np.zeros(shape)
+    hi = np.zeros(shape)
+    if use_box:
+        _box_tables(A, s, lo, hi)
+        lo[N] = 0.0
+        hi[N] = 0.0
+    best = np.array([e_inc])
+    bestset = inc.copy()  # the search overwrites it whenever it beats best
+    idx = np.zeros(s + 1, dtype=np.int64)
+    state = np.zeros(5 + s, dtype=np.int64)  # t, done, nodes, leaf evals, nodes per level
+    ys = np.zeros((s + 1, d))
+    ws = np.zeros(s + 1)
+    bs = np.zeros(s + 1)
+    cs = np.zeros((s + 1, N))
+    budget = 256
+    deadline = t0 + time_limit
+    while True:
+        tb = time.perf_counter()
+        _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
+                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA, DECAY)
+        now = time.perf_counter()
+        if state[1] or now >= deadline:
+            break
+        # aim at ~10 ms per batch
+        budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
+    S = np.sort(order[bestset])
+    value = op.forced_error(p, V, S)
+    proved = bool(state[1])
+    if proved:
+        lb = value
+    else:
+        lb = float(_open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
+                               bs, cs, best[0], gamma))
+        lb = min(max(lb, 0.0), value)
+    info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
+            "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist()}
+    return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
+                        rel_tol * value, info)

@@ -1,0 +1,1 @@
+"""Pure float64 array code at the heart of the analysis: the operator, swaps, scores, statistics."""

@@ -1,6 +1,0 @@
-"""Capture attention rows from real models: ``dump_rows`` and the built-in corpus."""
-
-from forcedweight.dumps.capture import dump_rows, parse_index_list, sample_positions
-from forcedweight.dumps.corpus import builtin_texts, read_text_files, read_texts_table
-
-__all__ = ["dump_rows", "parse_index_list", "sample_positions", "builtin_texts", "read_text_files", "read_texts_table"]

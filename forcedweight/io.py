@@ -1,0 +1,163 @@
+"""Input and output at the edges: atomic writes, Parquet listing, progress bars, the command line.
+
+- Writes are atomic: a temporary file in the destination directory, renamed over the target on
+  success (``atomic_path``, ``write_table_atomic``); ``check_output_file`` fails before any work.
+- ``list_parquet_files`` lists the row files of a file or directory, skipping hidden work files and
+  a dump's sidecar tables; ``open_parquet`` opens one with an error that names it.
+- ``progress`` is the one progress bar of every long step (rich, on stderr).
+- ``command_line`` is the one way a report records the command that produced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from forcedweight.errors import InputError
+
+
+# Files a dump directory holds beside its row shards; never read as rows.
+SIDECAR_PATTERNS = ("texts.parquet", "stats-*.parquet")
+
+
+def is_sidecar(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in SIDECAR_PATTERNS)
+
+
+def list_parquet_files(path: str | os.PathLike) -> list[Path]:
+    """The row Parquet files of a file or a directory (sorted, recursive), or an InputError.
+
+    In a directory, hidden files (work in progress) and a dump's sidecar tables
+    (``texts.parquet``, ``stats-*.parquet``) are skipped.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_file():
+        return [path]
+    files = sorted(
+        p
+        for p in path.rglob("*.parquet")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts) and not is_sidecar(p)
+    )
+    if not files:
+        raise InputError(f"{path}: directory holds no .parquet files")
+    return files
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """Open a Parquet file or raise an InputError naming it."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: not a readable Parquet file ({first})") from None
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """Open a Parquet file or raise an InputError naming it."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: not a readable Parquet file ({first})") from None
+
+
+def check_output_file(target: str | os.PathLike) -> Path:
+    """Fail early, before any work, when ``target`` cannot be written as a file.
+
+    Creates the missing parent directories (as ``atomic_path`` would) and probes them with a
+    temporary file. Raises InputError naming ``target`` when it is an existing directory or its
+    directory cannot be created or written.
+    """
+    target = Path(target)
+    if target.is_dir():
+        raise InputError(f"{target}: output path is a directory")
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(prefix=f".{target.name}.", dir=parent):
+            pass
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
+    return target
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, suffix: str = ""):
+    """Yield a temporary path beside ``target``; rename it over ``target`` only on success.
+
+    On an exception the temporary file is removed and ``target`` is left as it was.
+    An unwritable destination raises InputError naming it.
+    """
+    target = Path(target)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise InputError(f"{target}: output path is a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=parent)
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_table_atomic(table: pa.Table, target: str | os.PathLike, row_group_size: int | None = None) -> Path:
+    """Write a Parquet file atomically (temporary file in the same directory, then rename)."""
+    with atomic_path(target) as tmp:
+        pq.write_table(table, tmp, row_group_size=row_group_size)
+    return Path(target)
+
+
+def command_line(argv: list[str] | None = None, program: str = "forcedweight") -> str:
+    """The command that is running, shell-quoted, as reports record it.
+
+    Under the ``forcedweight`` entry point (or ``python -m forcedweight``) the program name is
+    written as ``forcedweight``; from Python (no CLI arguments) it names the calling script.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return f"{program} (from Python)"
+    head = Path(argv[0]).name
+    if head in (program, "__main__.py") or head.startswith(program):
+        argv = [program, *argv[1:]]
+    return shlex.join(argv)
+
+
+def progress(label: str, enabled: bool = True, transient: bool = False):
+    """The progress bar of every long step: ``label``, bar, done/total, elapsed, remaining (stderr).
+
+    Use as ``with progress("certify") as bar: task = bar.add_task("rows", total=n); bar.advance(task)``.
+    ``enabled=False`` gives a silent bar with the same interface.
+    """
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    return Progress(
+        TextColumn(f"[bold]{label}[/bold] {{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=transient,
+    )

@@ -1,0 +1,81 @@
+"""``build_report``: every table and figure from ``certify`` output, and ``report.md`` (SPEC §5, §7).
+
+``build_report`` reads a results file or directory (only the columns it needs, through
+``polars.scan_parquet``), groups rows by family ``(model, layer, head, s)`` and pooled per
+``(model, s)``, and writes under ``out_dir``:
+
+- ``tables/<name>.csv`` and ``tables/<name>.parquet`` for ``status_counts``, ``medians``,
+  ``bounds``, ``substitution``, ``prediction`` and (with ``groups_path``) ``groups``;
+- ``figures/<name>.png`` and ``.pdf`` (see ``forcedweight.report.figures``);
+- ``report.md`` with the headline numbers pooled per (model, s) and the command that ran.
+
+Every write is atomic. Statistics that are undefined for a small family are ``NaN`` with a
+``note``; unusable input (missing file, empty results, columns of another tool) raises
+``InputError`` before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from forcedweight.errors import InputError
+from forcedweight.io import atomic_path, command_line
+from forcedweight.report import figures
+from forcedweight.report.markdown import render_markdown
+from forcedweight.report.metrics import load_groups, load_results
+from forcedweight.report.tables import compute_tables, group_summary, write_table
+
+
+def build_report(
+    results_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    hard_threshold: float = 0.05,
+    groups_path: str | os.PathLike | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    command: str | None = None,
+) -> Path:
+    """Compute every table and figure from ``certify`` output and write them under ``out_dir``.
+
+    Parameters
+    ----------
+    results_path : a results Parquet file or a directory of them.
+    out_dir : created if needed; ``tables/``, ``figures/`` and ``report.md`` go inside.
+    hard_threshold : a row is hard when its closable share exceeds this (for the ROC/AUC).
+    groups_path : optional output of ``forcedweight groups`` (adds the group-voting table/figure).
+    n_boot, seed : bootstrap resamples and seed (the same seed gives the same intervals).
+    command : the command line recorded in ``report.md`` (default: this process's argv).
+
+    Returns
+    -------
+    Path of ``report.md``.
+    """
+    if not 0 <= hard_threshold < 1:
+        raise InputError(f"--hard-threshold: {hard_threshold} is outside [0, 1)")
+    if n_boot < 1:
+        raise InputError(f"--n-boot: {n_boot} must be >= 1")
+    df = load_results(results_path)
+    gdf = load_groups(groups_path) if groups_path is not None else None
+    tables = compute_tables(df, hard_threshold, n_boot, seed)
+    if gdf is not None:
+        tables["groups"] = group_summary(gdf, n_boot, seed)
+
+    out = Path(out_dir)
+    tdir, fdir = out / "tables", out / "figures"
+    for d in (tdir, fdir):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--out: cannot create {d} ({exc.strerror or exc})") from None
+    written_tables = {name: write_table(t, tdir / name) for name, t in tables.items()}
+    written_figures = figures.write_all(df, tables, fdir, hard_threshold)
+    text = render_markdown(
+        tables, out, written_tables, written_figures, results_path, groups_path,
+        command or command_line(), hard_threshold, n_boot, seed,
+    )
+    target = out / "report.md"
+    with atomic_path(target) as tmp:
+        Path(tmp).write_text(text)
+    return target
+

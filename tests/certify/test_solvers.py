@@ -1,0 +1,151 @@
+"""Exact solvers over all N keys (branch and bound, SCIP) against the NumPy brute force."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forcedweight.core import operator as op
+from forcedweight.certify.enumerate import brute_force_best
+from forcedweight.certify.solvers.bnb import REL_TOL, solve_bnb
+from forcedweight.certify.solvers.scip import REL_EPS, solve_scip
+
+from tests.rowgen import KINDS, make_row
+
+
+def synthetic_row(n, sigma, seed, d=64):
+    """Softmax weights of N(0, sigma^2) logits (large sigma: peaked), Gaussian values."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=n) * sigma
+    p = np.exp(z - z.max())
+    return p / p.sum(), rng.normal(size=(n, d))
+
+
+def check_result(res, p, V, s, ref, rel):
+    assert res.best_set.dtype == np.int64 and res.best_set.shape == (s,)
+    assert np.all(np.diff(res.best_set) > 0)
+    # the reported set reproduces the reported value exactly
+    assert res.value == op.forced_error(p, V, res.best_set)
+    assert res.proved and res.lower_bound == res.value
+    # proved within the solver's relative tolerance of the true minimum; the extra 1e-13
+    # absolute covers float64 rounding of minima that are exact zeros
+    assert ref - 1e-13 <= res.value <= ref * (1 + rel) + 1e-13
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 10), st.sampled_from([1, 2, 3, 8]),
+                 st.sampled_from(KINDS)))
+def test_bnb_matches_brute_force_every_s(row):
+    seed, n, d, kind = row
+    p, V = make_row(seed, n, d, kind)
+    for s in range(1, n + 1):
+        ref, _ = brute_force_best(p, V, s)
+        res = solve_bnb(p, V, s)
+        # bnb proves value <= ES / (1 - REL_TOL); 2x for rounding of the two evaluations
+        check_result(res, p, V, s, ref, 2 * REL_TOL)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.tuples(st.integers(0, 2**31 - 1), st.integers(2, 6), st.sampled_from([1, 2, 8]),
+                 st.sampled_from(KINDS)))
+def test_scip_matches_brute_force_every_s(row):
+    seed, n, d, kind = row
+    p, V = make_row(seed, n, d, kind)
+    for s in range(1, n + 1):
+        ref, _ = brute_force_best(p, V, s)
+        res = solve_scip(p, V, s, time_limit=20)
+        # SCIP proves no set has E < (1 - REL_EPS) value up to its feasibility tolerance
+        check_result(res, p, V, s, ref, 2 * REL_EPS)
+
+
+def test_solvers_on_partition_instances():
+    # 1-D integers, uniform mass, s = m/2: ES = 0 iff a balanced equal-sum split exists
+    yes = np.array([3.0, 1, 1, 2, 2, 1, 4, 2])  # {3,1,2,2} vs {1,1,4,2}
+    no = np.array([3.0, 1, 1, 2, 2, 1, 4, 3])  # odd total: no equal split
+    for a, zero in ((yes, True), (no, False)):
+        m = a.size
+        p = np.full(m, 1.0 / m)
+        V = a[:, None]
+        ref, _ = brute_force_best(p, V, m // 2)
+        for res in (solve_bnb(p, V, m // 2), solve_scip(p, V, m // 2)):
+            assert res.proved
+            if zero:
+                # an exact balanced split: the float64 sum of 4 centred terms cancels to ~1e-16
+                assert res.value <= 1e-14
+            else:
+                # no split: the gap is 1/m^2 * |difference| >= 1/64 here; rel 2e-6 covers SCIP
+                assert res.value == pytest.approx(ref, rel=2e-6) and ref > 1e-3
+
+
+def test_bnb_and_scip_prove_synthetic_rows_with_warm_start():
+    for sigma, n in ((3.0, 48), (1.0, 24)):
+        p, V = synthetic_row(n, sigma, 11, d=16)
+        bnb = solve_bnb(p, V, 4)
+        assert bnb.proved
+        warm = solve_bnb(p, V, 4, incumbent=bnb.best_set)
+        scip = solve_scip(p, V, 4, incumbent=op.top_mass_set(p, 4), time_limit=30)
+        assert warm.proved and scip.proved
+        # two proofs of the same minimum: bnb to 1e-9, SCIP to 1e-6 relative
+        assert warm.value == pytest.approx(bnb.value, rel=2 * REL_TOL)
+        assert scip.value == pytest.approx(bnb.value, rel=2 * REL_EPS)
+
+
+def test_unsolved_reports_a_valid_lower_bound():
+    p, V = synthetic_row(60, 0.1, 3, d=64)  # flat: far beyond a few ms
+    res = solve_bnb(p, V, 8, time_limit=0.0)
+    assert not res.proved
+    assert 0.0 <= res.lower_bound <= res.value
+    assert res.value == op.forced_error(p, V, res.best_set)
+    # a row bnb finishes fast, stopped after its first batch: the bound holds for the optimum
+    p, V = synthetic_row(36, 0.5, 4, d=2)
+    full = solve_bnb(p, V, 6, time_limit=30)
+    part = solve_bnb(p, V, 6, time_limit=0.0)
+    assert full.proved and not part.proved
+    assert part.lower_bound <= full.value * (1 + 1e-12)  # rounding of the bound arithmetic
+    assert part.value >= full.value * (1 - 2 * REL_TOL)
+    p, V = synthetic_row(60, 0.1, 3, d=64)
+    sres = solve_scip(p, V, 8, time_limit=0.2)
+    assert not sres.proved and sres.lower_bound == 0.0 <= sres.value
+    assert sres.value == op.forced_error(p, V, sres.best_set)
+
+
+def test_bad_arguments():
+    p, V = synthetic_row(6, 1.0, 0, d=2)
+    for solve in (solve_bnb, solve_scip):
+        with pytest.raises(ValueError):
+            solve(p, V, 0)
+        with pytest.raises(ValueError):
+            solve(p, V, 3, incumbent=[0, 1])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.tuples(st.integers(0, 2**31 - 1), st.integers(9, 22), st.sampled_from([1, 2, 5]),
+                 st.sampled_from(KINDS), st.integers(2, 5)))
+def test_bnb_from_a_bad_incumbent_with_and_without_polish(row):
+    # the worst warm start (the s lightest keys): polishing moves it, the proof must not care
+    seed, n, d, kind, s = row
+    p, V = make_row(seed, n, d, kind)
+    ref, _ = brute_force_best(p, V, s)
+    bad = np.argsort(p, kind="stable")[:s]
+    e_bad = op.forced_error(p, V, bad)
+    for polish in (True, False):
+        res = solve_bnb(p, V, s, incumbent=bad, polish=polish)
+        check_result(res, p, V, s, ref, 2 * REL_TOL)
+        assert res.value <= e_bad or not np.isfinite(e_bad)
+
+
+def test_direction_steps_prune_more_and_stay_exact(monkeypatch):
+    # rows large enough that the supergradient steps on u fire at many nodes: with them the
+    # search visits fewer nodes, and with or without them it matches the brute force
+    import forcedweight.certify.solvers.bnb as bnb
+
+    for seed, sigma in ((5, 1.0), (6, 0.7)):
+        p, V = synthetic_row(26, sigma, seed, d=6)
+        ref, _ = brute_force_best(p, V, 5)
+        nodes = {}
+        for nref in (0, 2, bnb.NREF):
+            monkeypatch.setattr(bnb, "NREF", nref)
+            res = solve_bnb(p, V, 5, time_limit=60)
+            check_result(res, p, V, 5, ref, 2 * REL_TOL)
+            nodes[nref] = res.info["nodes"]
+        assert nodes[bnb.NREF] < nodes[0]

@@ -1,0 +1,309 @@
+"""forcedweight report: tables against direct computation, figures, bad input, CLI."""
+
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats as sps
+
+from forcedweight.report import figures
+from forcedweight.core import stats as st
+from forcedweight.report import build_report, compute_tables, load_results
+from forcedweight.report.metrics import REQUIRED_COLUMNS
+from forcedweight.errors import InputError
+
+STATUS_P = [0.8, 0.08, 0.08, 0.04]
+
+
+def fake_results(n_per=30, models=("m1",), layers=(0, 1), heads=(0,), s_values=(4, 8), seed=0, provenance=True):
+    """A synthetic certify output table with the certify columns; kappa grows with dropped mass."""
+    rng = np.random.default_rng(seed)
+    recs, rid = [], 0
+    for model in models:
+        for layer in layers:
+            for head in heads:
+                for s in s_values:
+                    for i in range(n_per):
+                        dm = rng.beta(2, 5)
+                        es_top = dm * rng.uniform(0.5, 1.5)
+                        kappa = min(rng.exponential(0.04) * (0.3 + 2 * dm), 0.9)
+                        es_best = es_top * (1 - kappa)
+                        es_pool = es_best * (1 + rng.exponential(0.01) * (rng.random() < 0.3))
+                        es_bal = es_top - rng.uniform(0.8, 1.0) * (es_top - es_best)
+                        status = str(rng.choice(["optimal", "improved", "unsolved", "invalid"], p=STATUS_P))
+                        lb = es_best * rng.uniform(0.5, 1.0) if status == "unsolved" else es_best
+                        r = dict(
+                            row_id=rid, s=s, n_keys=64, es_top=es_top, es_balance=es_bal, swaps=int(rng.integers(0, 4)),
+                            es_pool=es_pool, es_best=es_best, best_set=list(range(s)), lower_bound=lb, status=status,
+                            proved=status == "optimal", solver="bnb", closable_share=kappa, balancing_recovery=1.0,
+                            dropped_mass=dm, ef_top=es_top / 1.2, pi_top=1.0 + rng.exponential(0.3) * s / 8,
+                            es_geometric=es_top * rng.uniform(1, 3), es_leverage=es_top * rng.uniform(2, 20),
+                            es_random=es_top * rng.uniform(2, 10), seconds=0.1, reason=None,
+                        )
+                        if provenance:
+                            r.update(model=model, text_id=i % 3, layer=layer, head=head, kv_head=0, query_pos=10 + i)
+                        if status == "invalid":
+                            for k in ("es_top", "es_balance", "es_pool", "es_best", "lower_bound", "closable_share",
+                                      "dropped_mass", "pi_top", "es_geometric", "es_leverage", "es_random"):
+                                r[k] = None
+                            r["reason"] = "weights contain NaN or inf"
+                        recs.append(r)
+                        rid += 1
+    return pl.DataFrame(recs, infer_schema_length=None)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("res")
+    df = fake_results()
+    df.write_parquet(d / "results.parquet")
+    return df, d / "results.parquet"
+
+
+@pytest.fixture(scope="module")
+def built(results, tmp_path_factory):
+    df, path = results
+    out = tmp_path_factory.mktemp("report")
+    groups = _fake_groups()
+    groups.write_parquet(out.parent / "groups.parquet")
+    md = build_report(path, out, n_boot=300, seed=1, groups_path=out.parent / "groups.parquet",
+                      command="forcedweight report results.parquet --out report")
+    return df, out, md, groups
+
+
+def _fake_groups():
+    rng = np.random.default_rng(3)
+    recs = []
+    for s in (4, 8):
+        for g in (2, 3):
+            for i in range(40):
+                ct = 1 + rng.exponential(0.05 * g)
+                recs.append(dict(model="m1", s=s, g=g, cost_top=ct, cost_pool=ct * (1 + rng.exponential(0.1))))
+    return pl.DataFrame(recs)
+
+
+def _pooled(df, s):
+    return df.filter((pl.col("s") == s) & (pl.col("status") != "invalid"))
+
+
+def test_tables_and_figures_written(built):
+    _, out, md, _ = built
+    for name in ("status_counts", "medians", "bounds", "substitution", "prediction", "groups"):
+        for ext in ("csv", "parquet"):
+            assert (out / "tables" / f"{name}.{ext}").stat().st_size > 0
+        assert pl.read_csv(out / "tables" / f"{name}.csv").height == pl.read_parquet(out / "tables" / f"{name}.parquet").height
+    for name in ("cdf_closable_share_m1", "roc_dropped_mass_m1", "selector_ratios_m1", "pi_vs_s", "group_cost_m1"):
+        for ext in ("png", "pdf"):
+            assert (out / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    text = md.read_text()
+    assert "forcedweight report results.parquet --out report" in text
+    assert "figures/roc_dropped_mass_m1.png" in text and "tables/medians.csv" in text
+    assert not list(out.rglob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_pooled_medians_match_direct(built):
+    df, out, _, _ = built
+    med = pl.read_parquet(out / "tables" / "medians.parquet")
+    for s in (4, 8):
+        v = _pooled(df, s)
+        kappa = ((v["es_top"] - v["es_best"]) / v["es_top"]).to_numpy()
+        row = med.filter((pl.col("scope") == "pooled") & (pl.col("s") == s) & (pl.col("metric") == "closable_share"))
+        assert row["median"][0] == pytest.approx(np.median(kappa), abs=1e-15)
+        ci = st.bootstrap_median_ci(kappa, n_boot=300, seed=1)
+        assert (row["ci_lo"][0], row["ci_hi"][0]) == pytest.approx((ci.lo, ci.hi), abs=1e-15)
+        ratio = med.filter((pl.col("scope") == "pooled") & (pl.col("s") == s) & (pl.col("metric") == "ratio_leverage"))
+        assert ratio["median"][0] == pytest.approx(np.median((v["es_leverage"] / v["es_best"]).to_numpy()), rel=1e-12)
+        pi = med.filter((pl.col("scope") == "pooled") & (pl.col("s") == s) & (pl.col("metric") == "pi_top"))
+        assert pi["median"][0] == pytest.approx(float(v["pi_top"].median()), rel=1e-12)
+    # one row per family and metric: 2 layers x 1 head x 2 budgets families + 2 pooled
+    assert med.filter(pl.col("metric") == "swaps").height == 4 + 2
+
+
+def test_counts_bounds_prediction_match_direct(built):
+    df, out, _, _ = built
+    counts = pl.read_parquet(out / "tables" / "status_counts.parquet").filter(pl.col("scope") == "pooled")
+    bounds = pl.read_parquet(out / "tables" / "bounds.parquet").filter(pl.col("scope") == "pooled")
+    pred = pl.read_parquet(out / "tables" / "prediction.parquet").filter(pl.col("scope") == "pooled")
+    for s in (4, 8):
+        all_s = df.filter(pl.col("s") == s)
+        c = counts.filter(pl.col("s") == s).row(0, named=True)
+        for status in ("optimal", "improved", "unsolved", "invalid"):
+            assert c[f"n_{status}"] == (all_s["status"] == status).sum()
+        v = _pooled(df, s)
+        b = bounds.filter(pl.col("s") == s).row(0, named=True)
+        k = int(v["status"].is_in(["improved", "unsolved"]).sum())
+        ref = sps.binomtest(k, v.height).proportion_ci(method="wilson")
+        assert b["improved_share_wilson_hi"] == pytest.approx(ref.high, abs=1e-12)
+        lb = np.where(v["status"] == "unsolved", v["lower_bound"], v["es_best"])
+        pess = (v["es_top"].to_numpy() - lb) / v["es_top"].to_numpy()
+        assert b["median_kappa_wilson_upper"] == st.wilson_median_upper_bound(pess)[0]
+        assert b["median_kappa_wilson_upper"] >= b["median_kappa_pessimistic"]
+        p = pred.filter(pl.col("s") == s).row(0, named=True)
+        kappa = ((v["es_top"] - v["es_best"]) / v["es_top"]).to_numpy()
+        hard = kappa > 0.05
+        dm = v["dropped_mass"].to_numpy()
+        u = sps.mannwhitneyu(dm[hard], dm[~hard]).statistic
+        assert p["auc"] == pytest.approx(u / (hard.sum() * (~hard).sum()), abs=1e-12)
+        assert p["spearman_rho"] == pytest.approx(sps.spearmanr(dm, v["es_pool"].to_numpy()).statistic, abs=1e-12)
+        assert (p["n_hard"], p["n_easy"]) == (hard.sum(), (~hard).sum())
+
+
+def test_group_table_matches_direct(built):
+    _, out, md, groups = built
+    t = pl.read_parquet(out / "tables" / "groups.parquet")
+    assert t.height == 4
+    for r in t.iter_rows(named=True):
+        part = groups.filter((pl.col("s") == r["s"]) & (pl.col("g") == r["g"]))
+        assert r["cost_top_median"] == pytest.approx(float(part["cost_top"].median()), rel=1e-12)
+        assert r["cost_pool_median"] == pytest.approx(float(part["cost_pool"].median()), rel=1e-12)
+        assert r["cost_top_lo"] <= r["cost_top_median"] <= r["cost_top_hi"]
+    assert "Group voting" in md.read_text()
+
+
+def test_report_reproducible_and_directory_input(results, tmp_path):
+    df, path = results
+    d = tmp_path / "dir"
+    d.mkdir()
+    df.head(70).write_parquet(d / "a.parquet")
+    df.slice(70).write_parquet(d / "b.parquet")
+    t1 = compute_tables(load_results(path), n_boot=100, seed=5)
+    t2 = compute_tables(load_results(d), n_boot=100, seed=5)
+    for name in t1:
+        assert t1[name].equals(t2[name]), name
+
+
+def test_cdf_figure_without_finite_values_has_no_legend_and_no_warning():
+    # every row invalid (κ all NaN): the report used to print matplotlib's "No artists with labels" warning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = figures.cdf_figure({8: np.array([np.nan, np.nan])}, "m")
+    assert fig.axes[0].get_legend() is None and len(fig.axes[0].get_lines()) == 0
+
+
+def test_figures_have_expected_axes():
+    rng = np.random.default_rng(0)
+    fig = figures.cdf_figure({4: rng.random(20), 8: rng.random(20)}, "m")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "closable share κ" and ax.get_ylabel() == "fraction of rows ≤ κ"
+    assert len(ax.get_lines()) == 2
+    assert fig.get_size_inches()[0] == pytest.approx(3.3)
+    y = rng.random(50) < 0.4
+    s = rng.random(50) + y
+    fpr, tpr = st.roc_curve(s, y)
+    fig = figures.roc_figure({8: (fpr, tpr, 0.8)}, "m", 0.05)
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("false positive rate", "true positive rate")
+    assert "AUC 0.80" in ax.get_legend().get_texts()[0].get_text()
+    fig = figures.selector_figure({"top-mass": {4: 1 + rng.random(10)}, "leverage": {4: 5 + rng.random(10)}}, "m")
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "E(selector) / ES*"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["top-mass", "leverage"]
+    med = pl.DataFrame({"model": ["m", "m"], "s": [4, 8], "median": [1.1, 1.3], "ci_lo": [1.0, 1.2], "ci_hi": [1.2, 1.5]})
+    ax = figures.pi_figure(med).axes[0]
+    assert ax.get_xlabel() == "budget s (kept keys)" and ax.get_ylabel() == "median π (top-mass)"
+    from forcedweight.report import group_summary
+
+    ax = figures.groups_figure(group_summary(_fake_groups(), n_boot=20), "m1").axes[0]
+    assert ax.get_xlabel().startswith("group size g") and ax.get_ylabel() == "median cost (×)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "3"]
+    assert len(ax.get_legend().get_texts()) == 4  # 2 budgets x (own top-mass, ES_pool)
+
+
+def test_family_with_one_row_gives_nan_with_note(tmp_path):
+    df = fake_results(n_per=12, layers=(0,), s_values=(4,), seed=2)
+    df = df.filter(pl.col("status") == "optimal")
+    lonely = df.head(1).with_columns(pl.lit(7, dtype=pl.Int64).alias("layer"))
+    pl.concat([df, lonely]).write_parquet(tmp_path / "r.parquet")
+    md = build_report(tmp_path / "r.parquet", tmp_path / "out", n_boot=50)
+    med = pl.read_parquet(tmp_path / "out" / "tables" / "medians.parquet")
+    row = med.filter((pl.col("layer") == 7) & (pl.col("metric") == "closable_share")).row(0, named=True)
+    assert row["n"] == 1 and np.isnan(row["ci_lo"]) and "no interval" in row["note"]
+    pred = pl.read_parquet(tmp_path / "out" / "tables" / "prediction.parquet").filter(pl.col("layer") == 7)
+    assert np.isnan(pred["auc"][0]) and "AUC undefined" in pred["note"][0]
+    bounds = pl.read_parquet(tmp_path / "out" / "tables" / "bounds.parquet").filter(pl.col("layer") == 7)
+    assert np.isnan(bounds["median_kappa_wilson_upper"][0]) and "too small" in bounds["note"][0]
+    assert md.exists()
+
+
+def test_family_of_invalid_rows_only(tmp_path):
+    df = fake_results(n_per=8, layers=(0,), s_values=(4,), seed=3)
+    nulls = [pl.lit(None, dtype=pl.Float64).alias(c) for c in ("es_top", "es_balance", "es_pool", "es_best", "dropped_mass")]
+    bad = df.head(3).with_columns(pl.lit(9, dtype=pl.Int64).alias("layer"), pl.lit("invalid").alias("status"), *nulls)
+    pl.concat([df, bad]).write_parquet(tmp_path / "r.parquet")
+    tables = compute_tables(load_results(tmp_path / "r.parquet"), n_boot=20)
+    b = tables["bounds"].filter(pl.col("layer") == 9).row(0, named=True)
+    assert b["n_valid"] == 0 and np.isnan(b["improved_share"]) and b["note"] == "no valid rows"
+    m = tables["medians"].filter(pl.col("layer") == 9)
+    assert m["median"].is_nan().all() and m["note"].str.contains("no finite values").all()
+    assert tables["status_counts"].filter(pl.col("layer") == 9)["n_invalid"][0] == 3
+
+
+def test_undefined_ratios_and_recoveries_are_excluded_with_notes():
+    df = fake_results(n_per=20, layers=(0,), s_values=(4,), seed=4).filter(pl.col("status") == "optimal")
+    top, best, bal = (df[c].to_numpy().copy() for c in ("es_top", "es_best", "es_balance"))
+    best[:2] = bal[:2] = top[:2]  # rows 0, 1: top-mass optimal, no gap
+    top[2] = best[2] = bal[2] = 0.0  # row 2: ES* = 0 = E(top), no gap either
+    df = df.with_columns(pl.Series("es_top", top), pl.Series("es_best", best), pl.Series("es_balance", bal),
+                         pl.Series("es_pool", best))
+    tables = compute_tables(df, n_boot=20)
+    med = tables["medians"].filter(pl.col("scope") == "pooled")
+    rec = med.filter(pl.col("metric") == "balancing_recovery").row(0, named=True)
+    assert rec["n"] == df.height - 3 and rec["note"] == "3 row(s) with no gap (E(top) = ES*) excluded"
+    ratio = med.filter(pl.col("metric") == "ratio_geometric").row(0, named=True)
+    assert ratio["n"] == df.height - 1 and ratio["note"] == "1 row(s) with ES* = 0 excluded (ratio undefined)"
+    kappa = med.filter(pl.col("metric") == "closable_share").row(0, named=True)
+    assert kappa["n"] == df.height and kappa["note"] == ""  # kappa = 0 where E(top) = 0
+    assert kappa["median"] == pytest.approx(np.median(np.where(top > 0, (top - best) / np.where(top > 0, top, 1), 0)))
+
+
+def test_missing_provenance_pools_everything(tmp_path):
+    fake_results(n_per=10, provenance=False).write_parquet(tmp_path / "r.parquet")
+    df = load_results(tmp_path / "r.parquet")
+    assert df["model"].unique().to_list() == ["unknown"] and df["layer"].unique().to_list() == [-1]
+
+
+def test_required_columns_are_certify_output_columns():
+    # the report reads what certify writes: a renamed certify column must fail here, not in a user's run
+    from forcedweight.certify import OUTPUT_COLUMNS
+
+    assert set(REQUIRED_COLUMNS) <= {name for name, _ in OUTPUT_COLUMNS}
+
+
+def test_bad_inputs_clear_errors_no_output(results, tmp_path):
+    df, _ = results
+    df.head(0).write_parquet(tmp_path / "empty.parquet")
+    with pytest.raises(InputError, match="empty.parquet: no rows"):
+        build_report(tmp_path / "empty.parquet", tmp_path / "o1")
+    pl.DataFrame({"weights": [[0.5, 0.5]], "values": [[1.0, 2.0]], "value_dim": [1]}).write_parquet(tmp_path / "rows.parquet")
+    with pytest.raises(InputError, match=r"rows.parquet: not certify output \(missing column\(s\) row_id, s, status"):
+        build_report(tmp_path / "rows.parquet", tmp_path / "o2")
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(InputError, match="junk.parquet: not a readable Parquet"):
+        build_report(tmp_path / "junk.parquet", tmp_path / "o3")
+    with pytest.raises(InputError, match="hard-threshold"):
+        build_report(tmp_path / "rows.parquet", tmp_path / "o4", hard_threshold=1.5)
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+    assert set(REQUIRED_COLUMNS) <= set(df.columns)
+
+
+def _cli(argv, monkeypatch, capsys):
+    from forcedweight.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["forcedweight", *argv])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    return exc.value.code, capsys.readouterr()
+
+
+def test_cli_report(results, tmp_path, monkeypatch, capsys):
+    _, path = results
+    code, cap = _cli(["report", str(path), "--out", str(tmp_path / "out"), "--n-boot", "50", "--seed", "2"], monkeypatch, capsys)
+    assert code == 0 and cap.out.strip().endswith("report.md")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert f"forcedweight report {path} --out {tmp_path / 'out'} --n-boot 50 --seed 2" in text
+    pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "other.parquet")
+    code, cap = _cli(["report", str(tmp_path / "other.parquet"), "--out", str(tmp_path / "o")], monkeypatch, capsys)
+    assert code == 2 and cap.err.count("\n") == 1 and "other.parquet: not certify output" in cap.err
