@@ -144,10 +144,24 @@ def single_key_errors(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     return e
 
 
+def rank_order(score: np.ndarray) -> np.ndarray:
+    """Indices of a (N,) score from largest to smallest, ties to the lower index: THE tie rule.
+
+    Every "keep the top s" in the package (top-mass, selectors, pools, solvers' branching order,
+    deploy policies) ranks with this order, so equal scores always resolve the same way.
+    """
+    score = np.asarray(score, dtype=np.float64)
+    return np.lexsort((np.arange(score.shape[0]), -score))
+
+
+def top_s(score: np.ndarray, s: int) -> np.ndarray:
+    """The s largest scores, ties to the lower index (``rank_order``); returned sorted, int64 (s,)."""
+    return np.sort(rank_order(score)[:s]).astype(np.int64)
+
+
 def top_mass_set(p: np.ndarray, s: int) -> np.ndarray:
     """The s largest weights, ties broken by lower index; returned sorted."""
-    order = np.lexsort((np.arange(p.shape[0]), -p))
-    return np.sort(order[:s])
+    return top_s(p, s)
 
 
 def _simplex_lsq(X: np.ndarray, b: np.ndarray) -> np.ndarray:
