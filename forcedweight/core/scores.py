@@ -11,6 +11,7 @@ Every rule is a pure function over float64 arrays; leading batch axes (heads, la
 - ``observation_window`` (SnapKV): the last ``window`` query rows' attention summed (or averaged),
   then 1-D pooled over neighbouring entries (max or average);
 - ``position`` (StreamingLLM's order): later entries score higher (with sinks: ``pad_kept``);
+- ``uniform_random``: seeded uniform scores (the random baseline), one stream per (seed, row);
 - ``group_reduce``: query-head scores → one score per KV head under GQA (mean or max over a group);
 - ``pad_kept``: sinks and a recent window as ``+inf`` padding of any score (the kvpress habit), so
   no rule special-cases them.
@@ -85,6 +86,13 @@ def position(n: int) -> np.ndarray:
     return np.arange(int(n), dtype=np.float64)
 
 
+def uniform_random(n: int, seed: int = 0, stream: int = 0) -> np.ndarray:
+    """Random baseline scores, shape (n,): uniform on [0, 1) from ``default_rng([seed, stream])``
+    (seed taken mod 2**32, stream mod 2**48), so each (seed, row) has its own reproducible draw."""
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(stream) & 0xFFFFFFFFFFFF])
+    return rng.random(int(n))
+
+
 def group_reduce(scores, group_size: int, how: str = "mean") -> np.ndarray:
     """Query-head scores (..., H_q, N) → KV-head scores (..., H_q // G, N), heads ``g*G .. g*G+G-1``
     forming KV group g (transformers' ``repeat_kv`` layout); ``how`` = "mean" or "max"."""
@@ -112,4 +120,4 @@ def pad_kept(scores, sinks: int = 0, recent: int = 0) -> np.ndarray:
 
 
 __all__ = ["accumulated_attention", "group_reduce", "knorm", "last_query_attention", "observation_window",
-           "pad_kept", "pool1d", "position"]
+           "pad_kept", "pool1d", "position", "uniform_random"]

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from forcedweight.core.operator import rank_order
+from forcedweight.core.scores import pad_kept
 from forcedweight.rows import Row
 
 
@@ -60,15 +62,18 @@ def as_view(row: Any) -> RowView:
 
 
 def top_scores(score: np.ndarray, s: int) -> np.ndarray:
-    """Indices of the s largest scores (ties: lower index first), returned sorted, int64."""
+    """Indices of the s largest scores (ties: lower index first), returned sorted, int64 (s,).
+
+    The selector-facing ``core.operator.top_s``: the same tie rule (``rank_order``), plus checks
+    that ``1 <= s <= N`` and that no score is NaN (ValueError).
+    """
     score = np.asarray(score, dtype=np.float64)
     n = score.shape[0]
     if not 1 <= s <= n:
         raise ValueError(f"budget s={s} outside [1, N={n}]")
     if np.isnan(score).any():
         raise ValueError("selector scores contain NaN")
-    order = np.lexsort((np.arange(n), -score))
-    return np.sort(order[:s]).astype(np.int64)
+    return np.sort(rank_order(score)[:s]).astype(np.int64)
 
 
 class MissingInput(ValueError):
@@ -93,11 +98,6 @@ class Selector:
         self.sinks = int(sinks)
         self.recent = int(recent)
 
-    def available(self, row: Any) -> bool:
-        """Whether the row carries every input this selector needs."""
-        view = as_view(row)
-        return all(getattr(view, name) is not None for name in self.needs)
-
     def score(self, row: RowView, s: int | None = None) -> np.ndarray:
         """Per-key scores, shape (N,), float64; higher = keep.
 
@@ -107,17 +107,16 @@ class Selector:
         raise NotImplementedError
 
     def padded_score(self, row: Any, s: int | None = None) -> np.ndarray:
+        """``score`` with the sinks and the recent window padded to ``+inf`` (``scores.pad_kept``), (N,).
+
+        Raises ``MissingInput`` when the row lacks an input in ``needs``.
+        """
         view = as_view(row)
         missing = [name for name in self.needs if getattr(view, name) is None]
         if missing:
             raise MissingInput(f"{self.name} needs {', '.join(missing)}")
         hint = None if s is None else min(view.n_keys, s + self.sinks + self.recent)
-        sc = np.array(self.score(view, hint), dtype=np.float64)
-        if self.sinks:
-            sc[: self.sinks] = np.inf
-        if self.recent:
-            sc[max(0, view.n_keys - self.recent) :] = np.inf
-        return sc
+        return pad_kept(self.score(view, hint), self.sinks, self.recent)
 
     def select(self, row: Any, s: int) -> np.ndarray:
         """The kept set, shape (s,), sorted unique int64 indices."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from forcedweight.core import scores
+from forcedweight.core.operator import rank_order
 from forcedweight.selectors.base import MissingInput, RowView, Selector
 
 
@@ -31,8 +33,7 @@ class Random(Selector):
         self.seed = int(seed)
 
     def score(self, row: RowView, s: int | None = None) -> np.ndarray:
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, int(row.row_id) & 0xFFFFFFFFFFFF])
-        return rng.random(row.n_keys)
+        return scores.uniform_random(row.n_keys, self.seed, row.row_id)
 
 
 class StreamingLLM(Selector):
@@ -44,7 +45,7 @@ class StreamingLLM(Selector):
         super().__init__(sinks, recent)
 
     def score(self, row: RowView, s: int | None = None) -> np.ndarray:
-        return np.arange(row.n_keys, dtype=np.float64)
+        return scores.position(row.n_keys)
 
 
 class KNorm(Selector):
@@ -54,7 +55,7 @@ class KNorm(Selector):
     needs = ("keys",)
 
     def score(self, row: RowView, s: int | None = None) -> np.ndarray:
-        return -np.linalg.norm(row.keys, axis=1)
+        return scores.knorm(row.keys)
 
 
 def quest_page_bounds(keys: np.ndarray, query: np.ndarray, page_size: int = 16) -> np.ndarray:
@@ -85,7 +86,7 @@ class Quest(Selector):
         n, ps = keys.shape[0], self.page_size
         bounds = quest_page_bounds(keys, query, ps)
         page_rank = np.empty(bounds.size, dtype=np.int64)
-        page_rank[np.lexsort((np.arange(bounds.size), -bounds))] = np.arange(bounds.size)
+        page_rank[rank_order(bounds)] = np.arange(bounds.size)
         qk = keys @ query
         page = np.arange(n) // ps
         # rank of each token inside its page by q.k (ties: lower index)

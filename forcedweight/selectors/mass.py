@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from forcedweight.core.scores import last_query_attention
 from forcedweight.selectors.base import RowView, Selector
 
 
@@ -17,6 +18,10 @@ class TopMass(Selector):
 
 
 class TOVA(TopMass):
-    """TOVA keeps the keys the *current* query attends to most: on a single row, top-mass."""
+    """TOVA keeps the keys the *current* query attends to most: on a single row (the last query row
+    is the row itself), top-mass; scored by ``scores.last_query_attention``."""
 
     name = "tova"
+
+    def score(self, row: RowView, s: int | None = None) -> np.ndarray:
+        return last_query_attention(row.p[None, :])

@@ -130,7 +130,8 @@ def test_random_is_seeded_per_row():
 
 def test_missing_keys_is_reported():
     row = (np.full(5, 0.2), np.ones((5, 2)))
-    assert not sel.KNorm().available(row)
+    with pytest.raises(sel.MissingInput, match="knorm needs keys"):
+        sel.KNorm().select(row, 2)
     with pytest.raises(sel.MissingInput):
         sel.Quest().select(row, 2)
 
