@@ -31,13 +31,10 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 def _config(ratios, taus, seeds, proposal, evict_at, temperature, mix, share_gqa, seed):
     from forcedweight.probabilistic.study import StudyConfig
 
-    cfg = StudyConfig(ratios=_floats(ratios, "--ratios"), taus=_floats(taus, "--taus"), seeds=seeds,
-                      evict_at=_floats(evict_at, "--evict-at"), temperature=temperature, mix=mix,
-                      share_gqa=share_gqa, seed=seed)
-    if proposal:
-        cfg.proposals = tuple(proposal)
-    cfg.check()
-    return cfg
+    extra = {"proposals": tuple(proposal)} if proposal else {}
+    return StudyConfig(compression_ratios=_floats(ratios, "--ratios"), taus=_floats(taus, "--taus"), seeds=seeds,
+                       evict_at=_floats(evict_at, "--evict-at"), temperature=temperature, mix=mix,
+                       share_gqa=share_gqa, seed=seed, **extra)
 
 
 RATIOS = typer.Option("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", "--ratios", help="Compression ratios r (evicted fraction), comma-separated.")

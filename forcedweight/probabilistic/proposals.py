@@ -1,7 +1,8 @@
 """Proposal distributions pi over cache entries, built from eviction scores (paper 000, App. D).
 
 Every proposal is a float64 probability vector of shape (n,) over the n pre-eviction entries.
-Score-based methods become proposals without changing their top-k modes:
+Score-based methods become proposals without changing their top-k modes (the scores themselves are
+``forcedweight.core.scores``'s rules, the same numbers as the row selectors and the deploy policies):
 
 - H2O: normalised accumulated attention over the query rows seen so far;
 - SnapKV: normalised observation-window scores (last ``window`` rows summed, max-pooled);
@@ -19,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import log_softmax
 
+from forcedweight.core import scores as rules
 from forcedweight.errors import InputError
 
 PROPOSALS = ("h2o", "snapkv", "knorm", "streaming", "uniform")
@@ -85,7 +87,7 @@ def h2o_scores(attn: np.ndarray) -> np.ndarray:
     attn : ndarray (R, n) — attention of the R query rows up to the eviction step over the n
         entries (zeros for entries a row cannot see).
     """
-    return _finite("attention", attn).sum(axis=0)
+    return rules.accumulated_attention(_finite("attention", attn))
 
 
 def snapkv_scores(attn: np.ndarray, window: int = 8, kernel: int = 5) -> np.ndarray:
@@ -98,18 +100,12 @@ def snapkv_scores(attn: np.ndarray, window: int = 8, kernel: int = 5) -> np.ndar
     a = _finite("attention", attn)
     if window < 1 or kernel < 1:
         raise InputError(f"snapkv window and kernel must be >= 1, got {window}, {kernel}")
-    col = a[-window:].sum(axis=0)
-    if kernel == 1:
-        return col
-    from scipy.ndimage import maximum_filter1d
-
-    return maximum_filter1d(col, size=kernel, mode="nearest")
+    return rules.observation_window(a, window, kernel, pooling="max", reduce="sum")
 
 
 def knorm_scores(keys: np.ndarray) -> np.ndarray:
     """``-||k_i||`` for keys (n, d); use with ``kind="softmax"``."""
-    k = _finite("keys", keys)
-    return -np.linalg.norm(k, axis=1)
+    return rules.knorm(_finite("keys", keys))
 
 
 def streaming_proposal(n: int, sinks: int = 4, recent: int = 0, floor: float = 0.01) -> np.ndarray:
@@ -126,10 +122,8 @@ def streaming_proposal(n: int, sinks: int = 4, recent: int = 0, floor: float = 0
         raise InputError(f"sinks and recent must be >= 0, got {sinks}, {recent}")
     if not (np.isfinite(floor) and floor >= 0):
         raise InputError(f"floor must be finite and >= 0, got {floor}")
-    w = np.full(n, float(floor))
-    w[: min(sinks, n)] = 1.0
-    if recent:
-        w[max(0, n - recent) :] = 1.0
+    kept = np.isinf(rules.pad_kept(np.zeros(n), sinks, recent))  # sinks + recent window, as the selectors
+    w = np.where(kept, 1.0, float(floor))
     if not w.sum() > 0:
         raise InputError("streaming proposal has no mass (no sinks, no recent entries, zero floor)")
     return w / w.sum()

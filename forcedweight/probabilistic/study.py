@@ -17,17 +17,22 @@ and one bias; the error is measured for each query head.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import math
 import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
 
+from forcedweight.core.operator import top_s
+from forcedweight.dump import builtin_texts, dump_rows
+from forcedweight.errors import InputError
+from forcedweight.io import list_parquet_files, progress as progress_bar
+from forcedweight.probabilistic import study_outputs as so
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
 from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
 from forcedweight.probabilistic.sampling import expected_unique, global_sample_count, sample, sample_count
-from forcedweight.errors import InputError
-from forcedweight.io import list_parquet_files
 from forcedweight.rows import iter_batches, read_table
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -60,14 +65,35 @@ class Trajectory:
         return int(self.attn.shape[1])
 
 
-@dataclass
-class StudyConfig:
-    """Options of the study (see :func:`run_study`)."""
+def _unique(values) -> tuple:
+    """``values`` as a tuple, repeated entries dropped (first occurrence kept, order kept)."""
+    return tuple(dict.fromkeys(values))
 
-    ratios: tuple[float, ...] = DEFAULT_RATIOS
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Options of the study (see :func:`run_study`), validated on construction (``InputError``).
+
+    Attributes
+    ----------
+    compression_ratios : evicted fractions r in (0, 1) (paper 000's r; CLI ``--ratios``); each
+        method keeps ``round((1 - r) n)`` of the n entries (in expectation for the sampled ones).
+    taus : correction temperatures > 0 (``--taus``); τ = ∞ ("sampled") is always added.
+    seeds : sampling repetitions per setting (>= 1).
+    proposals : names from ``PROPOSALS``.
+    evict_at : eviction positions as fractions of each text's length, in (0, 1).
+    temperature, mix : proposal temperature (> 0) and uniform mixing weight in [0, 1].
+    snapkv_window, snapkv_kernel, sinks, streaming_floor : the proposals' parameters.
+    share_gqa : one proposal per KV group (True) or per query head.
+    seed : base seed of the sampling.
+
+    Repeated values in the tuples are dropped (a repeated ratio would only repeat records).
+    """
+
+    compression_ratios: tuple[float, ...] = DEFAULT_RATIOS
     taus: tuple[float, ...] = DEFAULT_TAUS
     seeds: int = 8
-    proposals: tuple[str, ...] = ("h2o", "snapkv", "knorm", "streaming", "uniform")
+    proposals: tuple[str, ...] = PROPOSALS
     evict_at: tuple[float, ...] = (0.5,)
     temperature: float = 1.0
     mix: float = 0.0
@@ -78,9 +104,11 @@ class StudyConfig:
     share_gqa: bool = True
     seed: int = 0
 
-    def check(self) -> None:
-        if not self.ratios or any(not (0 < r < 1) for r in self.ratios):
-            raise InputError(f"--ratios: every ratio must lie in (0, 1), got {list(self.ratios)}")
+    def __post_init__(self) -> None:
+        for name in ("compression_ratios", "taus", "proposals", "evict_at"):
+            object.__setattr__(self, name, _unique(getattr(self, name)))
+        if not self.compression_ratios or any(not (0 < r < 1) for r in self.compression_ratios):
+            raise InputError(f"--ratios: every ratio must lie in (0, 1), got {list(self.compression_ratios)}")
         if not self.taus or any(not (t > 0) for t in self.taus):
             raise InputError(f"--taus: every tau must be > 0, got {list(self.taus)}")
         if self.seeds < 1:
@@ -94,6 +122,12 @@ class StudyConfig:
             raise InputError(f"--temperature must be finite and > 0, got {self.temperature}")
         if not 0.0 <= self.mix <= 1.0:
             raise InputError(f"--mix must lie in [0, 1], got {self.mix}")
+        if self.snapkv_window < 1 or self.snapkv_kernel < 1:
+            raise InputError(f"snapkv window and kernel must be >= 1, got {self.snapkv_window}, {self.snapkv_kernel}")
+        if self.sinks < 0:
+            raise InputError(f"sinks must be >= 0, got {self.sinks}")
+        if not (math.isfinite(self.streaming_floor) and self.streaming_floor >= 0):
+            raise InputError(f"streaming floor must be finite and >= 0, got {self.streaming_floor}")
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -102,8 +136,6 @@ _META = ["text_id", "layer", "head", "kv_head", "query_pos"]
 
 def _read_values(file: Path, trajs: dict[tuple, Trajectory]) -> None:
     """Fill values (and keys) of each trajectory from its last row only (a filtered read)."""
-    import pyarrow.parquet as pq
-
     lengths = {(k[0], k[1]): tr.length for k, tr in trajs.items()}
     filters = [[("text_id", "=", int(t)), ("layer", "=", int(l)), ("query_pos", "=", int(L - 1))]
                for (t, l), L in lengths.items()]
@@ -201,8 +233,8 @@ def group_proposal(tr: Trajectory, t: int, name: str, cfg: StudyConfig, target: 
 
 
 def topk_set(pi: np.ndarray, k: int) -> np.ndarray:
-    """The k entries of largest probability (ties: lower index first), sorted."""
-    return np.sort(np.argsort(-pi, kind="stable")[:k])
+    """The k entries of largest probability (ties: lower index first, ``operator.top_s``), sorted (k,)."""
+    return top_s(pi, k)
 
 
 def _stats(outs: np.ndarray, dense: np.ndarray) -> dict:
@@ -244,7 +276,7 @@ def study_trajectory(tr: Trajectory, cfg: StudyConfig) -> list[dict]:
             if name == "knorm" and tr.keys is None:
                 raise InputError("proposal knorm needs keys: dump with --with-keys")
             fixed = None if name == "streaming" else group_proposal(tr, t, name, cfg, 0.0)
-            for r_idx, r in enumerate(cfg.ratios):
+            for r_idx, r in enumerate(cfg.compression_ratios):  # r = evicted fraction
                 target = (1.0 - r) * n
                 pi = fixed if fixed is not None else group_proposal(tr, t, name, cfg, target)
                 base = dict(text_id=tr.text_id, layer=tr.layer, kv_head=tr.kv_head, evict_pos=t, n_pre=n,
@@ -304,7 +336,7 @@ def compression_table(trajs: list[Trajectory], cfg: StudyConfig) -> list[dict]:
                 if name == "knorm" and any(tr.keys is None for tr in group):
                     continue
                 fixed = None if name == "streaming" else [group_proposal(tr, t, name, cfg, 0.0) for tr in group]
-                for r_idx, r in enumerate(cfg.ratios):
+                for r_idx, r in enumerate(cfg.compression_ratios):  # r = evicted fraction
                     pis = fixed or [group_proposal(tr, t, name, cfg, (1 - r) * n) for tr in group]
                     base = dict(text_id=text_id, evict_pos=t, n_pre=n, proposal=name, target_ratio=r,
                                 groups=len(pis))
@@ -333,8 +365,6 @@ RECORD_SCHEMA = {
 
 
 def _frame(records: list[dict], schema: dict[str, str]):
-    import polars as pl
-
     types = {k: getattr(pl, v) for k, v in schema.items()}
     cols = {k: [r.get(k) for r in records] for k in schema}
     return pl.DataFrame(cols, schema=types)
@@ -355,10 +385,7 @@ def run_study(
     ``bias_variance_vs_tau``, ``effective_compression`` as PNG and PDF; and ``report.md``.
     Every file is written atomically. Returns ``out_dir``.
     """
-    from forcedweight.probabilistic import study_outputs as so
-
     cfg = cfg or StudyConfig()
-    cfg.check()
     trajs = load_trajectories(rows_dir)
     if not trajs:
         raise InputError(f"{rows_dir}: no trajectories")
@@ -370,17 +397,11 @@ def run_study(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
-    if progress:
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            task = bar.add_task("probabilistic study", total=len(trajs))
-            for tr in trajs:
-                records += study_trajectory(tr, cfg)
-                bar.advance(task)
-    else:
+    with progress_bar("probabilistic study", enabled=progress, transient=True) as bar:
+        task = bar.add_task("trajectories", total=len(trajs))
         for tr in trajs:
             records += study_trajectory(tr, cfg)
+            bar.advance(task)
     rec = _frame(records, RECORD_SCHEMA)
     comp = _frame(compression_table(trajs, cfg), {
         "text_id": "Int64", "evict_pos": "Int64", "n_pre": "Int64", "proposal": "Utf8",
@@ -396,7 +417,7 @@ def run_study(
         so.write_frame(comp_summary, out, "compression")
     so.figures(summary, comp_summary, out)
     config_text = (
-        f"ratios {list(cfg.ratios)}, taus {list(cfg.taus)}, {cfg.seeds} seeds, proposals {list(cfg.proposals)}, "
+        f"compression ratios (evicted fraction) {list(cfg.compression_ratios)}, taus {list(cfg.taus)}, {cfg.seeds} seeds, proposals {list(cfg.proposals)}, "
         f"eviction at {list(cfg.evict_at)} of each text, temperature {cfg.temperature}, mix {cfg.mix}, "
         f"GQA-shared proposals: {cfg.share_gqa}."
     )
@@ -427,10 +448,7 @@ def dump_and_study(
     """One command for the whole study: dump every position (with keys) of a few layers of ``model`` over
     the first ``n_texts`` built-in texts (each cut to ``max_chars`` characters) into ``out_dir/rows``,
     then :func:`run_study` into ``out_dir``. Rerunning resumes the dump."""
-    from forcedweight.dump import builtin_texts, dump_rows
-
     cfg = cfg or StudyConfig()
-    cfg.check()
     if n_texts < 1:
         raise InputError(f"--texts: must be >= 1, got {n_texts}")
     if max_chars < 16:

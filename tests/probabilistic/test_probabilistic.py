@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -316,7 +318,7 @@ def tiny_rows(tmp_path_factory):
 def test_study_end_to_end_tables_figures_and_an_independent_recheck(tiny_rows, tmp_path):
     import polars as pl
 
-    cfg = StudyConfig(ratios=(0.3, 0.7), taus=(1.0, 3.0), seeds=3, proposals=("h2o", "knorm", "streaming"))
+    cfg = StudyConfig(compression_ratios=(0.3, 0.7), taus=(1.0, 3.0), seeds=3, proposals=("h2o", "knorm", "streaming"))
     out = run_study(tiny_rows, tmp_path / "study", cfg, command="test", progress=False)
     for stem in ("records", "summary", "compression", "compression_draws"):
         assert (out / f"{stem}.parquet").stat().st_size > 0 and (out / f"{stem}.csv").stat().st_size > 0
@@ -365,10 +367,10 @@ def test_study_is_deterministic_given_the_seed(tiny_rows):
     from forcedweight.probabilistic.study import study_trajectory
 
     tr = load_trajectories(tiny_rows)[0]
-    cfg = StudyConfig(ratios=(0.5,), taus=(1.0,), seeds=2, proposals=("h2o",))
+    cfg = StudyConfig(compression_ratios=(0.5,), taus=(1.0,), seeds=2, proposals=("h2o",))
     a, b = study_trajectory(tr, cfg), study_trajectory(tr, cfg)
     assert a == b
-    cfg.seed = 1
+    cfg = dataclasses.replace(cfg, seed=1)
     assert [r["error"] for r in study_trajectory(tr, cfg)] != [r["error"] for r in a]
 
 
