@@ -14,17 +14,23 @@ def memory(
     model: str = typer.Option("tiny", "--model", help="tiny (random test model), smollm2 (embedded), or a model directory / .gguf."),
     tokens: int = typer.Option(512, "--tokens", help="Prompt length N (seeded random token ids)."),
     budget: Optional[int] = typer.Option(None, "--budget", help="Kept entries per KV head (s)."),
-    ratio: Optional[float] = typer.Option(None, "--ratio", help="Kept fraction per KV head: s = round(ratio * N)."),
+    compression_ratio: Optional[float] = typer.Option(
+        None, "--compression-ratio", help="Evicted fraction per KV head, in [0, 1): s = round((1 - r) * N)."),
+    old_ratio: Optional[float] = typer.Option(None, "--ratio", hidden=True, help="Renamed: --compression-ratio."),
     seed: int = typer.Option(0, "--seed", help="Seed for the token ids, the tiny model and the selection."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the audit as JSON here."),
 ) -> None:
     """Physical bytes of the same per-head selection: full cache, mask over the full cache, ragged cache."""
     from forcedweight.deploy.memory import audit_memory, format_audit
+    from forcedweight.errors import InputError
     from forcedweight.io import atomic_path, check_output_file
 
+    if old_ratio is not None:
+        raise InputError(f"--ratio {old_ratio} (the kept fraction) was renamed: give --compression-ratio "
+                         f"{1 - old_ratio:g}, the evicted fraction (kvpress's meaning), or --budget")
     if out is not None:
         check_output_file(out)  # an unwritable --out fails before the audit
-    result = audit_memory(model, tokens, budget=budget, ratio=ratio, seed=seed)
+    result = audit_memory(model, tokens, budget=budget, compression_ratio=compression_ratio, seed=seed)
     if out is not None:
         with atomic_path(out) as tmp:
             Path(tmp).write_text(json.dumps(result, indent=2) + "\n")

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
 from forcedweight.errors import InputError
+from forcedweight.models import load_model, tiny_llama
 
 
 def recency_random_selection(n: int, s: int, segments: int, seed: int) -> list[np.ndarray]:
@@ -38,17 +40,33 @@ def _load(model, seed: int, tokens: int):
     if not isinstance(model, str):
         return model, getattr(model, "name_or_path", type(model).__name__)
     if model == "tiny":
-        from forcedweight.models import tiny_llama
-
         return tiny_llama(seed, max_positions=max(512, tokens)), "tiny"
-    from forcedweight.models import load_model
-
     loaded = load_model(model)
     return loaded.model, loaded.name
 
 
-def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, ratio: float | None = None,
-                 seed: int = 0, batch: int = 1) -> dict:
+def budget_from(tokens: int, budget: int | None = None, compression_ratio: float | None = None) -> int:
+    """Kept entries per KV head from exactly one of ``budget`` (entries kept) or ``compression_ratio``
+    (the evicted fraction, kvpress's meaning): ``s = max(1, round((1 - compression_ratio) * tokens))``.
+
+    Raises InputError (naming the option) unless exactly one is given, ``0 <= compression_ratio < 1``
+    and ``1 <= s <= tokens``.
+    """
+    if (budget is None) == (compression_ratio is None):
+        raise InputError("give exactly one of --budget or --compression-ratio")
+    if compression_ratio is not None:
+        if not 0 <= compression_ratio < 1:
+            raise InputError(f"--compression-ratio: the evicted fraction must be in [0, 1), got {compression_ratio}")
+        budget = max(1, round((1 - compression_ratio) * tokens))
+    if budget < 1:
+        raise InputError(f"--budget: must be at least 1, got {budget}")
+    if budget > tokens:
+        raise InputError(f"--budget: {budget} exceeds --tokens {tokens} (nothing left to evict)")
+    return int(budget)
+
+
+def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None,
+                 compression_ratio: float | None = None, seed: int = 0, batch: int = 1) -> dict:
     """Prefill ``tokens`` seeded random token ids, select ``budget`` entries per (batch, KV head) in every
     layer, and measure the full, masked and ragged storage of that selection.
 
@@ -56,7 +74,8 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, rat
     ----------
     model : "tiny", "smollm2", a model directory / .gguf path, or a loaded transformers causal LM.
     tokens : prompt length N.
-    budget : kept entries per KV head (s); or ``ratio`` in (0, 1]: s = round(ratio * N).
+    budget : kept entries per KV head (s); or
+    compression_ratio : the evicted fraction in [0, 1): s = max(1, round((1 - compression_ratio) * N)).
     seed : seeds the token ids, the tiny model and the selection.
 
     Returns
@@ -65,20 +84,9 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None, rat
     full_bytes, mask_bytes, masked_bytes, ragged_bytes, ragged_nominal_bytes, ragged_metadata_bytes,
     ragged_over_full, ragged_over_masked``.
     """
-    from transformers import DynamicCache
-
     if tokens < 1:
         raise InputError(f"--tokens: must be at least 1, got {tokens}")
-    if (budget is None) == (ratio is None):
-        raise InputError("give exactly one of --budget or --ratio")
-    if ratio is not None:
-        if not 0 < ratio <= 1:
-            raise InputError(f"--ratio: must be in (0, 1], got {ratio}")
-        budget = max(1, round(ratio * tokens))
-    if budget < 1:
-        raise InputError(f"--budget: must be at least 1, got {budget}")
-    if budget > tokens:
-        raise InputError(f"--budget: {budget} exceeds --tokens {tokens} (nothing left to evict)")
+    budget = budget_from(tokens, budget, compression_ratio)
     lm, name = _load(model, seed, tokens)
     vocab = lm.config.vocab_size
     g = torch.Generator().manual_seed(seed)

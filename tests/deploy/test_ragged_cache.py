@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from forcedweight.deploy.attention import use_ragged_attention
-from forcedweight.deploy.memory import audit_memory
+from forcedweight.deploy.memory import audit_memory, budget_from
 from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.models import tiny_llama
 from forcedweight.errors import InputError
@@ -190,6 +190,15 @@ def test_memory_audit_masked_holds_full_cache():
     assert r["ragged_over_full"] == pytest.approx(0.2, abs=0.01)
 
 
+def test_memory_budget_from_compression_ratio():
+    assert budget_from(64, compression_ratio=0.0) == 64  # nothing evicted
+    assert budget_from(64, compression_ratio=0.75) == 16
+    assert budget_from(10, compression_ratio=0.99) == 1  # at least one entry kept
+    assert budget_from(64, budget=5) == 5
+    with pytest.raises(InputError, match="--compression-ratio"):
+        budget_from(64, compression_ratio=1.0)  # evicting everything is not a cache
+
+
 def test_memory_command_and_errors(tmp_path):
     from typer.testing import CliRunner
 
@@ -197,15 +206,20 @@ def test_memory_command_and_errors(tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "audit.json"
-    res = runner.invoke(app, ["memory", "--tokens", "64", "--ratio", "0.5", "--out", str(out)])
+    # --compression-ratio is the evicted fraction (kvpress's meaning): 0.75 of 64 evicted keeps 16
+    res = runner.invoke(app, ["memory", "--tokens", "64", "--compression-ratio", "0.75", "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert data["budget"] == 32 and "ragged (after evict)" in res.output
-    res = runner.invoke(app, ["memory", "--tokens", "64", "--ratio", "0.5", "--budget", "3"])
+    assert data["budget"] == 16 and "ragged (after evict)" in res.output
+    res = runner.invoke(app, ["memory", "--tokens", "64", "--compression-ratio", "0.5", "--budget", "3"])
     assert res.exit_code == 2 and "exactly one" in res.output
-    res = runner.invoke(app, ["memory", "--tokens", "64", "--ratio", "1.5", "--out", str(tmp_path / "x.json")])
-    assert res.exit_code == 2 and "--ratio" in res.output
+    res = runner.invoke(app, ["memory", "--tokens", "64", "--compression-ratio", "1.5", "--out", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "--compression-ratio" in res.output
     assert not (tmp_path / "x.json").exists()
+    # the old --ratio (the kept fraction) is refused with the new name, not silently reinterpreted
+    res = runner.invoke(app, ["memory", "--tokens", "64", "--ratio", "0.25", "--out", str(tmp_path / "y.json")])
+    assert res.exit_code == 2 and "--compression-ratio 0.75" in res.output
+    assert not (tmp_path / "y.json").exists()
     # a budget above the prompt length is refused, not silently clamped
     res = runner.invoke(app, ["memory", "--tokens", "64", "--budget", "65"])
     assert res.exit_code == 2 and "--budget: 65 exceeds --tokens 64" in res.output
