@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from forcedweight.certify.enumerate import candidate_pool, enumerate_best
+from forcedweight.certify.enumerate import enumerate_best
+from forcedweight.certify.pool import candidate_pool
 from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.solvers.scip import solve_scip
 

@@ -78,8 +78,7 @@ class Row:
         arr = np.asarray(raw, dtype=np.float64)
         if name == "keys":
             n = self.n_keys
-            if n == 0 or arr.size % n:
-                raise RowError(self.row_id, f"keys length {arr.size} is not a multiple of N={n}")
+            check_keys_query(n, arr.size, None, self.row_id)
             arr = arr.reshape(n, arr.size // n)
         return arr
 
@@ -150,6 +149,29 @@ def validate_budget(s: int, n: int, row_id: int, source: str | None = None) -> N
         raise RowError(row_id, f"budget s={s} is below 1", source)
     if s > n:
         raise RowError(row_id, f"budget s={s} exceeds N={n}", source)
+
+
+def keys_query_problem(n: int, keys_len: int | None, query_len: int | None) -> str | None:
+    """What is wrong with a row's ``keys`` / ``query`` lengths (None = nothing, or absent).
+
+    ``keys`` (flattened) must be a non-empty multiple of N (its key dim ``d_k = len / N``) and
+    ``query``, when present with keys, of length ``d_k``.
+    """
+    if keys_len is None:
+        return None
+    if n <= 0 or keys_len == 0 or keys_len % n:
+        return f"keys length {keys_len} is not a multiple of N={n}"
+    if query_len is not None and query_len != keys_len // n:
+        return f"query length {query_len} differs from the key dim {keys_len // n}"
+    return None
+
+
+def check_keys_query(n: int, keys_len: int | None, query_len: int | None, row_id: int,
+                     source: str | None = None) -> None:
+    """Raise RowError (naming the row) when ``keys_query_problem`` finds something."""
+    reason = keys_query_problem(n, keys_len, query_len)
+    if reason is not None:
+        raise RowError(row_id, reason, source)
 
 
 def check_columns(path: Path, schema: pa.Schema, required: Sequence[str] = REQUIRED_COLUMNS) -> None:

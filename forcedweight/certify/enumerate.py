@@ -1,4 +1,6 @@
-"""Candidate pool and exact enumeration of every s-subset of it (SPEC §5).
+"""Exact enumeration of every s-subset of a pool of keys (SPEC §5).
+
+The pool itself (which keys, and how it shrinks) is ``forcedweight.certify.pool``.
 
 ``enumerate_best`` walks the s-subsets of a pool in lexicographic order with the Gram trick: with
 ``a_i = p_i (v_i - mu)`` (rows of ``A``), ``G = A_pool A_pool^T``, a partial set ``T`` carries
@@ -32,32 +34,6 @@ _TOPK = 8  # candidates kept per chunk by their rounding-safe lower end
 _CHUNK = 16384  # subsets per chunk (about); chunks never depend on the thread count
 _MIN_CHUNKS = 64  # ... but at least this many (of >= 2048 subsets) for parallelism
 _PARALLEL_MIN = 1 << 17  # below this many subsets the scan runs on the calling thread
-
-
-def candidate_pool(p, V, s: int, pool_mass: int = 12, pool_error: int = 8) -> np.ndarray:
-    """Top ``s + pool_mass`` keys by mass joined with the top ``pool_error`` by single-key error.
-
-    Parameters
-    ----------
-    p : (N,) float64 weights; V : (N, d) values; s : budget.
-
-    Returns
-    -------
-    (P,) int64, sorted, ``P <= N``. Ties in mass or error go to the lower index.
-    """
-    p = np.asarray(p, dtype=np.float64)
-    V = np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1)
-    n = p.shape[0]
-    if pool_mass < 0 or pool_error < 0:
-        raise ValueError("pool_mass and pool_error must be >= 0")
-    order = np.arange(n)
-    by_mass = np.lexsort((order, -p))[: min(n, s + pool_mass)]
-    parts = [by_mass]
-    if pool_error > 0:
-        e = op.single_key_errors(p, V)
-        by_err = np.lexsort((order, -e))[: min(n, pool_error)]
-        parts.append(by_err)
-    return np.unique(np.concatenate(parts)).astype(np.int64)
 
 
 def brute_force_best(p, V, s: int, chunk: int = 8192) -> tuple[float, np.ndarray]:

@@ -6,7 +6,8 @@ is the top-s keys of the summed weights ``sum_{h in H} p_h`` (ties to the lower 
 member head h then pays
 
 - ``cost_top  = E_h(shared) / E_h(own top-mass set)``,
-- ``cost_pool = E_h(shared) / ES_pool_h`` (``enumerate.candidate_pool`` + ``enumerate_best``),
+- ``cost_pool = E_h(shared) / ES_pool_h`` (``certify.pool.pool_best``: the pool certify uses,
+  shrunk the same way when ``C(pool, s)`` exceeds ``pool_max_subsets``),
 
 both ``nan`` when the denominator is 0 (undefined). When a group has more than ``max_subsets``
 subsets of one size, a seeded random sample of ``max_subsets`` distinct subsets of that size is
@@ -19,7 +20,6 @@ sampled per head otherwise, and such groups end up with a single head and are sk
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import zlib
@@ -31,14 +31,13 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from forcedweight.certify.pool import MAX_SUBSETS, pool_best
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError, RowError
 from forcedweight.io import check_output_file, list_parquet_files, open_parquet, write_table_atomic
 from forcedweight.rows import Row, iter_batches, rows_from_batch
 from forcedweight.core.stats import selector_ratio
 
-#: pools with at most this many s-subsets are enumerated on one thread (about 1 ms of work)
-SERIAL_SUBSETS = 100_000
 GROUP_KEY = ("model", "text_id", "layer", "kv_head", "query_pos")
 NEEDED = ("text_id", "layer", "head", "kv_head", "query_pos")
 
@@ -67,35 +66,9 @@ def shared_set(ps: Sequence[np.ndarray], s: int) -> np.ndarray:
     return op.top_mass_set(np.sum(ps, axis=0), s)
 
 
-def pool_best(p: np.ndarray, V: np.ndarray, s: int, pool_mass: int = 12, pool_error: int = 8) -> float:
-    """``ES_pool``: exact minimum of E over the s-subsets of the candidate pool (SPEC §5)."""
-    from forcedweight.certify.enumerate import candidate_pool, enumerate_best
-
-    pool = candidate_pool(p, V, s, pool_mass=pool_mass, pool_error=pool_error)
-    if math.comb(pool.size, s) <= SERIAL_SUBSETS:
-        with _serial_numba():
-            value, _ = enumerate_best(p, V, pool, s)
-    else:
-        value, _ = enumerate_best(p, V, pool, s)
-    return float(value)
-
-
-@contextlib.contextmanager
-def _serial_numba():
-    """Run Numba-parallel code on one thread (tiny scans: thread launches cost more than the scan)."""
-    import numba
-
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
-
-
 def group_records(
     key: dict, rows: Sequence[Row], s_values: Sequence[int], pool_mass: int = 12, pool_error: int = 8,
-    max_subsets: int = 64, seed: int = 0,
+    max_subsets: int = 64, seed: int = 0, pool_max_subsets: int = MAX_SUBSETS,
 ) -> list[dict]:
     """Records of one KV group: one per (subset, member head, s) for subsets of size 2..G.
 
@@ -125,7 +98,8 @@ def group_records(
         if n_keys <= s:
             continue
         es_top = {h: op.forced_error(by_head[h].p, by_head[h].V, op.top_mass_set(by_head[h].p, s), A=A[h]) for h in heads}
-        es_pool = {h: pool_best(by_head[h].p, by_head[h].V, s, pool_mass, pool_error) for h in heads}
+        es_pool = {h: pool_best(by_head[h].p, by_head[h].V, s, pool_mass, pool_error, pool_max_subsets)[0]
+                   for h in heads}
         for g in range(2, len(heads) + 1):
             for subset in head_subsets(heads, g, max_subsets, rng):
                 S = shared_set([by_head[h].p for h in subset], s)
@@ -166,6 +140,7 @@ def group_voting(
     pool_error: int = 8,
     max_subsets: int = 64,
     seed: int = 0,
+    pool_max_subsets: int = MAX_SUBSETS,
 ) -> Path:
     """Group-voting costs of every KV group in dumped rows; writes one Parquet file atomically.
 
@@ -176,7 +151,8 @@ def group_voting(
     out : output Parquet file, one record per (group, subset, member head, s); columns
         ``OUTPUT_SCHEMA`` (``subset`` is the comma-joined head list, ``g`` its size).
     pool_mass, pool_error : candidate pool for ``ES_pool`` (as in ``certify``).
-    max_subsets : cap on subsets per group and size g (sampled with ``seed`` above it).
+    max_subsets : cap on head subsets per group and size g (sampled with ``seed`` above it).
+    pool_max_subsets : cap on C(pool, s) for ``ES_pool`` (certify's ``--max-subsets``).
 
     Returns
     -------
@@ -187,6 +163,8 @@ def group_voting(
         raise InputError(f"--s: budgets must be >= 1, got {s_values}")
     if max_subsets < 1:
         raise InputError(f"--max-subsets must be >= 1, got {max_subsets}")
+    if pool_max_subsets < 1:
+        raise InputError(f"pool_max_subsets must be >= 1, got {pool_max_subsets}")
     if pool_mass < 0 or pool_error < 0:
         raise InputError(f"--pool-mass and --pool-error must be >= 0, got {pool_mass} and {pool_error}")
     src, out = Path(rows_path), Path(out)
@@ -206,7 +184,8 @@ def group_voting(
             pending.setdefault(k, []).append(row)
             if len(pending[k]) == sizes[k]:
                 group = pending.pop(k)
-                records.extend(group_records(dict(zip(GROUP_KEY, k)), group, s_values, pool_mass, pool_error, max_subsets, seed))
+                records.extend(group_records(dict(zip(GROUP_KEY, k)), group, s_values, pool_mass, pool_error,
+                                              max_subsets, seed, pool_max_subsets))
     if not records:
         raise InputError(
             f"{rows_path}: no KV group has two or more query heads at one query position with N > s "

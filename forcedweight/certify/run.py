@@ -44,36 +44,15 @@ import pyarrow.parquet as pq
 
 from forcedweight import io as fio
 from forcedweight import rows
-from forcedweight.certify.row import (
-    DROPPED_COLUMNS, OUTPUT_COLUMNS, CertifyOptions, certify_row, invalid_record,
-)
+from forcedweight.certify.options import CertifyOptions
+from forcedweight.certify.record import invalid_record, output_schema, records_to_table
+from forcedweight.certify.row import certify_row
 from forcedweight.errors import InputError, RowError
-from forcedweight.rows import InvalidRow
+from forcedweight.rows import InvalidRow, keys_query_problem
 
 STATE_VERSION = 1
 #: test hook: SIGKILL this process after writing this many parts (simulates a crash)
 KILL_HOOK = "FORCEDWEIGHT_TEST_KILL_AFTER_PARTS"
-
-_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
-          "list<int64>": pa.list_(pa.int64())}
-_OUTPUT_NAMES = {name for name, _ in OUTPUT_COLUMNS}
-
-
-def output_schema(input_schema: pa.Schema | None = None) -> pa.Schema:
-    """The fixed output columns, then the input's carried (provenance/unknown) columns."""
-    fields = [pa.field(name, _TYPES[t]) for name, t in OUTPUT_COLUMNS]
-    if input_schema is not None:
-        fields += [f for f in input_schema
-                   if f.name not in DROPPED_COLUMNS and f.name not in _OUTPUT_NAMES]
-    return pa.schema(fields)
-
-
-def records_to_table(records: list[dict], input_schema: pa.Schema | None) -> pa.Table:
-    """Output records (``certify_row`` dicts) as an Arrow table of ``output_schema``."""
-    schema = output_schema(input_schema)
-    return pa.table({f.name: pa.array([r.get(f.name) for r in records], type=f.type) for f in schema},
-                    schema=schema)
-
 
 def parts_dir_for(out: str | os.PathLike) -> Path:
     """The hidden work directory of an output file: ``.<name>.parts`` beside it."""
@@ -141,10 +120,9 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
         for i in np.flatnonzero(kl >= 0):
             if wl[i] <= 0:
                 continue
-            if kl[i] == 0 or kl[i] % wl[i]:
-                key_reason[i] = f"keys length {kl[i]} is not a multiple of N={wl[i]}"
-            elif ql[i] >= 0 and ql[i] != kl[i] // wl[i]:
-                key_reason[i] = f"query length {ql[i]} differs from the key dim {kl[i] // wl[i]}"
+            reason = keys_query_problem(int(wl[i]), int(kl[i]), int(ql[i]) if ql[i] >= 0 else None)
+            if reason is not None:
+                key_reason[i] = reason
     for i in range(n):
         rid = int(ids[i])
         if bad[i]:
@@ -291,18 +269,10 @@ def prepare_parts_dir(parts: Path, state: dict, note) -> None:
 
 @contextmanager
 def _progress(enabled: bool, total: int):
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
-    with Progress(TextColumn("certify"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
-                  transient=False) as prog:
-        task = prog.add_task("certify", total=total)
-        yield lambda n: prog.advance(task, n)
+    """``advance(n)``: the shared ``io.progress("certify")`` bar over the input rows."""
+    with fio.progress("certify", enabled=enabled) as bar:
+        task = bar.add_task("rows", total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 def _check_paths(path, out: Path) -> None:

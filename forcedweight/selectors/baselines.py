@@ -20,6 +20,7 @@ import numpy as np
 
 from forcedweight.core import scores
 from forcedweight.core.operator import rank_order
+from forcedweight.rows import keys_query_problem
 from forcedweight.selectors.base import MissingInput, RowView, Selector
 
 
@@ -81,8 +82,9 @@ class Quest(Selector):
 
     def score(self, row: RowView, s: int | None = None) -> np.ndarray:
         keys, query = row.keys, np.ravel(row.query)
-        if query.shape[0] != keys.shape[1]:
-            raise MissingInput(f"quest: query length {query.shape[0]} differs from key dim {keys.shape[1]}")
+        problem = keys_query_problem(keys.shape[0], keys.size, query.shape[0])
+        if problem:
+            raise MissingInput(f"quest: {problem}")
         n, ps = keys.shape[0], self.page_size
         bounds = quest_page_bounds(keys, query, ps)
         page_rank = np.empty(bounds.size, dtype=np.int64)

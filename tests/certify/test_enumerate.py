@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forcedweight.core import operator as op
-from forcedweight.certify.enumerate import brute_force_best, candidate_pool, enumerate_best
+from forcedweight.certify.enumerate import brute_force_best, enumerate_best
+from forcedweight.certify.pool import candidate_pool
 
 from tests.rowgen import KINDS, make_row
 

@@ -23,8 +23,8 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
   the wall time 1.3-3x on hard rows (the first pruning success ends the steps).
 
-Before the search the incumbent is polished by best-improvement 1-swaps over all keys (only the
-incumbent moves: no proof depends on it).
+Before the search the incumbent is polished by best-improvement 1-swaps over all keys
+(``core.swaps.swap_search``; only the incumbent moves: no proof depends on it).
 
 All three bounds only grow as ``R`` shrinks, so once the node "next key = k" is pruned, every
 later k at that depth is too. Inner products ``<y_T, a_k>`` come from the Gram matrix and are
@@ -41,14 +41,15 @@ import numpy as np
 from numba import njit
 
 from forcedweight.core import operator as op
-from .result import SolverResult
+from forcedweight.core.swaps import swap_search
+from forcedweight.certify.solvers.result import SolverResult
 
 _EPS = float(np.finfo(np.float64).eps)
 REL_TOL = 1e-9
 NREF = 8  # supergradient steps on the direction u per node (projection test)
 THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
 DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
-POLISH_ROUNDS = 50  # best-improvement 1-swap rounds on the incumbent
+POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
 
@@ -283,68 +284,6 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 
 
 @njit(cache=True)
-def _polish(A, pw, G, best_set, max_rounds):
-    """Best-improvement 1-swaps over all keys from best_set (in place); returns its E.
-
-    Only moves the incumbent (never part of a proof): every accepted swap is re-evaluated
-    directly in float64 and must be strictly better.
-    """
-    N, d = A.shape
-    s = best_set.shape[0]
-    inset = np.zeros(N, np.bool_)
-    for i in range(s):
-        inset[best_set[i]] = True
-    y = np.zeros(d)
-    w = 0.0
-    for i in range(s):
-        for q in range(d):
-            y[q] += A[best_set[i], q]
-        w += pw[best_set[i]]
-    cur = np.sqrt(np.sum(y * y)) / w if w > 0.0 else np.inf
-    c = A @ y  # <y, a_j>
-    for _ in range(max_rounds):
-        n2 = np.sum(y * y)
-        bv = np.inf
-        bi = -1
-        bj = -1
-        for ii in range(s):
-            i = best_set[ii]
-            for j in range(N):
-                if inset[j]:
-                    continue
-                wv = w - pw[i] + pw[j]
-                if wv <= 0.0:
-                    continue
-                e2 = n2 + G[i, i] + G[j, j] - 2.0 * c[i] + 2.0 * c[j] - 2.0 * G[i, j]
-                v = max(e2, 0.0) / (wv * wv)
-                if v < bv:
-                    bv = v
-                    bi = ii
-                    bj = j
-        if bi < 0:
-            break
-        i = best_set[bi]
-        acc = 0.0
-        for q in range(d):
-            t = y[q] - A[i, q] + A[bj, q]
-            acc += t * t
-        wv = w - pw[i] + pw[bj]
-        e = np.sqrt(acc) / wv
-        if not e < cur:
-            break
-        cur = e
-        for q in range(d):
-            y[q] += A[bj, q] - A[i, q]
-        w = wv
-        for j in range(N):
-            c[j] += G[bj, j] - G[i, j]
-        inset[i] = False
-        inset[bj] = True
-        best_set[bi] = bj
-    return cur
-
-
-@njit(cache=True)
 def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma):
     """Proved lower bound on E over the unexplored nodes (min with the incumbent)."""
     N, d = A.shape
@@ -411,7 +350,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     order = np.lexsort((np.arange(N), -p))
     rank = np.empty(N, dtype=np.int64)
     rank[order] = np.arange(N)
-    A0 = op.centred_contributions(p, V)[order]
+    A_keys = op.centred_contributions(p, V)
+    A0 = A_keys[order]
     # principal axes: a fixed rotation (norms unchanged) that tightens the box bound
     _, Q = np.linalg.eigh(A0.T @ A0)
     A = np.ascontiguousarray(A0 @ Q[:, ::-1])
@@ -424,8 +364,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     inc = np.sort(rank[start])
     e_start = np.linalg.norm(A[inc].sum(axis=0)) / pw[inc].sum() if pw[inc].sum() > 0 else np.inf
     if polish and s < N:
-        _polish(A, pw, G, inc, POLISH_ROUNDS)
-        inc = np.sort(inc)
+        polished, _ = swap_search(p, V, start, max_swaps=POLISH_ROUNDS, A=A_keys)
+        inc = np.sort(rank[polished])
     y = A[inc].sum(axis=0)
     w = pw[inc].sum()
     e_inc = np.linalg.norm(y) / w if w > 0 else np.inf

@@ -12,7 +12,6 @@ import math
 import time
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from forcedweight.core import operator
 from forcedweight.certify.solvers.mitm import error_tolerance, integer_values
@@ -53,6 +52,8 @@ def solve_cpsat(
     ValueError
         The row is not integral (masses not uniform, values not 1-D integers, sums too large).
     """
+    from ortools.sat.python import cp_model  # heavy optional dependency, loaded when used
+
     t0 = time.perf_counter()
     a = integer_values(p, V)  # raises ValueError naming what breaks the structure
     p = np.asarray(p, dtype=np.float64)

@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-STATUSES = ("optimal", "improved", "unsolved", "invalid")
-
 
 @dataclass
 class SolverResult:

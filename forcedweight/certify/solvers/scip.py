@@ -7,7 +7,8 @@
 with ``a_i = p_i (v_i - mu)``, tight bounds on every ``y_j`` and on ``w`` (sums of the s smallest
 / largest entries). The solver runs rounds: ``t = (1 - REL_EPS) * E(best)``; if SCIP proves the
 cone infeasible, ``best`` is optimal; if it finds a point, the kept set is re-evaluated exactly
-(``operator.forced_error``), polished by best-improvement 1-swaps and becomes the new ``best``.
+(``operator.forced_error``), polished by best-improvement 1-swaps (``core.swaps.swap_search``) and
+becomes the new ``best``.
 (Minimising t directly makes ``t w`` bilinear and nonconvex; the fixed-t cone is what SCIP
 propagates well.) To keep the cone well scaled, ``y`` is divided by t so that the cone reads
 ``||y / t|| <= w``; SCIP's feasibility tolerance is ``FEASTOL``.
@@ -20,38 +21,13 @@ import time
 import numpy as np
 
 from forcedweight.core import operator as op
-from .result import SolverResult
+from forcedweight.core.swaps import swap_search
+from forcedweight.certify.solvers.result import SolverResult
 
+POLISH_SWAPS = 1000  # most 1-swaps when polishing a set found by SCIP
 REL_EPS = 1e-6  # a round asks for a set with E < (1 - REL_EPS) * E(best)
 FEASTOL = 1e-7  # SCIP numerics/feastol on the scaled cone (below ~1e-7 SoPlex warns it cannot
 #                 reach the tightened LP tolerance without GMP)
-
-
-def _polish(A, p, S, max_steps=1000):
-    """Best-improvement 1-swaps from S over all keys (vectorised), returns the local optimum."""
-    n = p.shape[0]
-    S = np.array(S, dtype=np.int64)
-    inside = np.zeros(n, dtype=bool)
-    inside[S] = True
-    y = A[S].sum(axis=0)
-    w = p[S].sum()
-    best = np.linalg.norm(y) / w if w > 0 else np.inf
-    out_keys = np.flatnonzero(~inside)
-    for _ in range(max_steps):
-        if out_keys.size == 0:
-            break
-        Y = y[None, None, :] - A[S][:, None, :] + A[out_keys][None, :, :]
-        W = w - p[S][:, None] + p[out_keys][None, :]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            E = np.where(W > 0, np.linalg.norm(Y, axis=2) / W, np.inf)
-        i, j = np.unravel_index(np.argmin(E), E.shape)
-        if not E[i, j] < best * (1 - 1e-12):
-            break
-        S[i], out_keys[j] = out_keys[j], S[i]
-        y = A[S].sum(axis=0)
-        w = p[S].sum()
-        best = np.linalg.norm(y) / w
-    return np.sort(S)
 
 
 def _round(A, p, s, t, nogoods, time_left):
@@ -124,7 +100,7 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
     if best.size != s:
         raise ValueError(f"incumbent has {best.size} keys, expected s = {s}")
     if incumbent is None:
-        best = _polish(A, p, best)
+        best, _ = swap_search(p, V, best, max_swaps=POLISH_SWAPS, A=A)
     value = op.forced_error(p, V, best, A)
     rounds, nogoods = 0, []
     proved = False
@@ -140,7 +116,7 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
         if status == "limit":
             break
         raw = S
-        S = _polish(A, p, raw)
+        S, _ = swap_search(p, V, raw, max_swaps=POLISH_SWAPS, A=A)
         e = op.forced_error(p, V, S, A)
         if e < value:
             best, value = S, e

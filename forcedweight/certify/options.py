@@ -1,0 +1,114 @@
+"""The settings of a certification (``CertifyOptions``) and the registry of exact solvers.
+
+``SOLVERS`` maps each ``--solver`` name to a function
+``solve(p, V, s, incumbent, time_limit) -> (SolverResult, note)``, where ``note`` says when the
+solver fell back to another one (recorded as ``reason``), else None. ``"none"`` maps to None
+(no solver runs). Adding a solver: write ``solvers/<name>.py`` returning a ``SolverResult`` and
+register a wrapper here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from forcedweight.certify.pool import MAX_SUBSETS
+from forcedweight.certify.solvers import cpsat, mitm, scip
+from forcedweight.certify.solvers.bnb import solve_bnb
+from forcedweight.certify.solvers.result import SolverResult
+from forcedweight.errors import InputError
+
+SolveFn = Callable[[np.ndarray, np.ndarray, int, np.ndarray, float], "tuple[SolverResult, str | None]"]
+
+
+def _bnb(p, V, s, incumbent, time_limit):
+    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit), None
+
+
+def _auto(p, V, s, incumbent, time_limit):
+    """mitm on uniform-mass 1-D integer rows (bnb with the time left when it gives up), else bnb."""
+    if not mitm.matches(p, V):
+        return _bnb(p, V, s, incumbent, time_limit)
+    res = mitm.solve_mitm(p, V, s, time_limit=time_limit)
+    left = time_limit - res.seconds
+    if res.proved or left <= 0:
+        return res, None
+    # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
+    note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
+    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left), note
+
+
+def _scip(p, V, s, incumbent, time_limit):
+    return scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit), None
+
+
+def _cpsat(p, V, s, incumbent, time_limit):
+    """CP-SAT on integral rows; scip (with a note) on the others."""
+    try:
+        return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
+    except ValueError:
+        note = "cpsat needs an integral row (uniform masses, integer 1-D values); used scip"
+    return scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit), note
+
+
+#: ``--solver`` name -> solve function (None: no solver); the order is the one the help lists
+SOLVERS: dict[str, SolveFn | None] = {"auto": _auto, "bnb": _bnb, "scip": _scip, "cpsat": _cpsat, "none": None}
+
+
+def run_solver(name: str, p: np.ndarray, V: np.ndarray, s: int, incumbent: np.ndarray, time_limit: float):
+    """Run the solver registered as ``name``; returns ``(SolverResult, note)`` (note: a fallback, or None)."""
+    solve = SOLVERS.get(name)
+    if solve is None:
+        raise ValueError(f"unknown solver {name!r}")
+    return solve(p, V, s, incumbent, time_limit)
+
+
+@dataclass(frozen=True)
+class CertifyOptions:
+    """Settings of the certification of one (row, s).
+
+    Attributes
+    ----------
+    pool_mass : top-mass keys beyond s in the candidate pool (``--pool-mass``).
+    pool_error : keys with the largest single-key error in the pool (``--pool-error``).
+    solver : a name in ``SOLVERS``: "auto" (mitm on uniform-mass 1-D integer rows, else bnb),
+        "bnb", "scip", "cpsat" (falls back to scip on rows that are not integral; ``reason``
+        says so) or "none".
+    time_limit : seconds per (row, s) for the solver.
+    seed : seed of the random selector.
+    max_subsets : cap on C(pool, s); above it ``pool_mass``/``pool_error`` are lowered one at a
+        time (the larger first) until the enumeration fits (``pool.pool_for``). ``pool_size``
+        records the pool used.
+    balance_candidates : "all" (every key may swap in) or "pool".
+    """
+
+    pool_mass: int = 12
+    pool_error: int = 8
+    solver: str = "auto"
+    time_limit: float = 10.0
+    seed: int = 0
+    max_subsets: int = MAX_SUBSETS
+    balance_candidates: str = "all"
+
+    def __post_init__(self):
+        if self.solver not in SOLVERS:
+            raise InputError(f"--solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
+        if self.pool_mass < 0:
+            raise InputError(f"--pool-mass must be >= 0, got {self.pool_mass}")
+        if self.pool_error < 0:
+            raise InputError(f"--pool-error must be >= 0, got {self.pool_error}")
+        if not self.time_limit > 0 or not math.isfinite(self.time_limit):
+            raise InputError(f"--time-limit must be a positive number of seconds, got {self.time_limit}")
+        if self.max_subsets < 1:
+            raise InputError(f"--max-subsets must be >= 1, got {self.max_subsets}")
+        if self.balance_candidates not in ("all", "pool"):
+            raise InputError(f"balance_candidates must be 'all' or 'pool', got {self.balance_candidates!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+__all__ = ["SOLVERS", "CertifyOptions", "run_solver"]

@@ -1,0 +1,124 @@
+"""THE certify output schema: one record per (row, s), its columns and their Arrow types.
+
+``OUTPUT_COLUMNS`` lists the fixed columns in order with their Arrow type names; after them come
+the input's carried columns (provenance and unknown columns: everything but the row arrays and
+the columns certify computes itself). ``make_record`` assembles a certified record (the derived
+metrics come from ``core.stats``), ``invalid_record`` the record of a bad (row, s) under
+``--skip-invalid``, ``records_to_table`` a table of ``output_schema``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from forcedweight.core import operator as op
+from forcedweight.core.stats import balancing_recovery, closable_share
+
+#: input columns never carried into the output (the row arrays and recomputed ids)
+DROPPED_COLUMNS = ("weights", "values", "keys", "query", "logits", "row_id", "n_keys")
+
+#: the fixed output columns, in order, with their Arrow types (``ARROW_TYPES``)
+OUTPUT_COLUMNS = (
+    ("row_id", "int64"), ("s", "int64"), ("n_keys", "int64"),
+    ("es_top", "float64"), ("es_balance", "float64"), ("swaps", "int64"),
+    ("es_pool", "float64"), ("pool_size", "int64"),
+    ("es_best", "float64"), ("best_set", "list<int64>"), ("best_by", "string"),
+    ("lower_bound", "float64"), ("status", "string"), ("proved", "bool"), ("solver", "string"),
+    ("solver_improved", "bool"),
+    ("closable_share", "float64"), ("balancing_recovery", "float64"), ("dropped_mass", "float64"),
+    ("ef_top", "float64"), ("pi_top", "float64"), ("pi_best", "float64"),
+    ("es_geometric", "float64"), ("es_leverage", "float64"), ("es_random", "float64"),
+    ("es_streaming", "float64"), ("es_knorm", "float64"), ("es_quest", "float64"),
+    ("seconds", "float64"), ("reason", "string"),
+)
+ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
+               "list<int64>": pa.list_(pa.int64())}
+_OUTPUT_NAMES = frozenset(name for name, _ in OUTPUT_COLUMNS)
+
+
+def _carried(name: str) -> bool:
+    return name not in DROPPED_COLUMNS and name not in _OUTPUT_NAMES
+
+
+def carried_columns(extra: dict) -> dict:
+    """The input columns carried into the output (provenance and unknown columns)."""
+    return {k: v for k, v in extra.items() if _carried(k)}
+
+
+def output_schema(input_schema: pa.Schema | None = None) -> pa.Schema:
+    """The fixed output columns, then the input's carried (provenance/unknown) columns."""
+    fields = [pa.field(name, ARROW_TYPES[t]) for name, t in OUTPUT_COLUMNS]
+    if input_schema is not None:
+        fields += [f for f in input_schema if _carried(f.name)]
+    return pa.schema(fields)
+
+
+def records_to_table(records: list[dict], input_schema: pa.Schema | None) -> pa.Table:
+    """Output records (``certify_row`` dicts) as an Arrow table of ``output_schema``."""
+    schema = output_schema(input_schema)
+    return pa.table({f.name: pa.array([r.get(f.name) for r in records], type=f.type) for f in schema},
+                    schema=schema)
+
+
+def invalid_record(row_id: int, s: int, reason: str, extra: dict | None = None, n_keys: int | None = None) -> dict:
+    """The output record of a bad (row, s) under ``--skip-invalid``."""
+    rec: dict[str, Any] = {name: None for name, _ in OUTPUT_COLUMNS}
+    rec.update(row_id=int(row_id), s=int(s), n_keys=n_keys, status="invalid", proved=False, reason=reason)
+    rec.update(carried_columns(extra or {}))
+    return rec
+
+
+def penalty_ratio(e: float, ef: float, scale: float) -> float:
+    """``pi = E / EF``; an EF at round-off level (``<= 1e-10 * scale``, scale = the largest
+    ``||v_i - mu||``) counts as 0: ``inf`` when E is above that level, ``nan`` when both are."""
+    floor = 1e-10 * max(scale, 1e-300)
+    if ef <= floor:
+        return float("nan") if e <= floor else float("inf")
+    return e / ef
+
+
+def penalties(p: np.ndarray, V: np.ndarray, top: np.ndarray, best_set: np.ndarray,
+              es_top: float, es_best: float) -> dict:
+    """``ef_top``, ``pi_top``, ``pi_best`` of a row (p (N,), V (N, d)) with the round-off floor above."""
+    ef_top = op.free_weight_error(p, V, top)
+    ef_best = op.free_weight_error(p, V, best_set)
+    # round-off scale of E and EF: the spread of the values around mu (an offset shared by every
+    # value cancels in both, so it must not raise the floor)
+    Vc = V - op.dense_output(p, V)[None, :]
+    scale = float(np.sqrt(np.einsum("ij,ij->i", Vc, Vc).max()))
+    return {"ef_top": ef_top, "pi_top": penalty_ratio(es_top, ef_top, scale),
+            "pi_best": penalty_ratio(es_best, ef_best, scale)}
+
+
+def make_record(row_id: int, s: int, n_keys: int, *, es_top: float, es_balance: float, swaps: int,
+                es_pool: float, pool_size: int, es_best: float, best_set, best_by: str,
+                lower_bound: float, status: str, proved: bool, solver: str, solver_improved: bool,
+                dropped_mass: float, penalty: dict, selector_errors: dict, seconds: float,
+                reason: str | None, extra: dict) -> dict:
+    """One certified output record: the ``OUTPUT_COLUMNS`` in order, then the carried columns.
+
+    ``closable_share`` and ``balancing_recovery`` are ``core.stats``'s (the report uses the same).
+    """
+    rec = {
+        "row_id": int(row_id), "s": int(s), "n_keys": int(n_keys),
+        "es_top": es_top, "es_balance": es_balance, "swaps": int(swaps),
+        "es_pool": es_pool, "pool_size": int(pool_size),
+        "es_best": es_best, "best_set": [int(i) for i in best_set], "best_by": best_by,
+        "lower_bound": float(lower_bound), "status": status, "proved": bool(proved), "solver": solver,
+        "solver_improved": bool(solver_improved),
+        "closable_share": float(closable_share(es_top, es_best)),
+        "balancing_recovery": float(balancing_recovery(es_top, es_balance, es_best)),
+        "dropped_mass": dropped_mass,
+        **penalty,
+        **selector_errors,
+        "seconds": seconds, "reason": reason,
+    }
+    rec.update(carried_columns(extra))
+    return rec
+
+
+__all__ = ["ARROW_TYPES", "DROPPED_COLUMNS", "OUTPUT_COLUMNS", "carried_columns", "invalid_record",
+           "make_record", "output_schema", "penalties", "penalty_ratio", "records_to_table"]
