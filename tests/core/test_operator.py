@@ -38,6 +38,21 @@ def test_top_mass_ties_prefer_lower_index():
     assert op.top_mass_set(p, 3).tolist() == [0, 1, 3]
 
 
+def test_top_s_is_the_brute_force_best_set_with_lowest_indices_on_ties():
+    # top_s(score, s) = the s-subset of largest total score, ties broken by the lexicographically
+    # smallest index tuple: checked against every subset on small rows with many ties
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        n = int(rng.integers(1, 8))
+        sc = rng.integers(0, 3, n).astype(np.float64)
+        s = int(rng.integers(1, n + 1))
+        best = sorted(itertools.combinations(range(n), s), key=lambda c: (sorted((-sc[list(c)]).tolist()), c))[0]
+        got = op.top_s(sc, s)
+        assert got.tolist() == list(best) and got.dtype == np.int64
+        assert op.top_mass_set(sc, s).tolist() == got.tolist()
+        assert np.sort(op.rank_order(sc)[:s]).tolist() == got.tolist()
+
+
 def test_free_weight_error_is_simplex_least_squares():
     from scipy.optimize import minimize
 
