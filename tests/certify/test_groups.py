@@ -6,9 +6,14 @@ from math import comb
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
+from forcedweight import rows
+from forcedweight.certify import CertifyOptions, certify_row
+from forcedweight.certify.enumerate import enumerate_best
 from forcedweight.certify.groups import group_voting, head_subsets
+from forcedweight.certify.pool import candidate_pool
 from forcedweight.models import LoadedModel, byte_tokenizer, tiny_llama
 from forcedweight.errors import InputError
 
@@ -141,3 +146,39 @@ def test_cli_groups(dump_g4, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_groups_on_long_rows_shrinks_the_pool_as_certify_does(tmp_path, monkeypatch):
+    # regression: at N = 200, s = 32 the unshrunk pool (52 keys, 1.26e14 subsets) made
+    # `forcedweight groups` end in a ValueError; now it uses certify's pool, shrunk to fit
+    from forcedweight.cli import main
+
+    n, s, d = 200, 32, 8
+    rng = np.random.default_rng(3)
+    V = rng.normal(size=(n, d))  # heads of one KV group read the same values
+    recs = []
+    for h in range(2):
+        p = np.exp(2.0 * rng.normal(size=n))
+        p /= p.sum()
+        recs.append(dict(weights=p, values=V.ravel(), value_dim=d, model="m", text_id=0, layer=1, head=h,
+                         kv_head=0, query_pos=n - 1))
+    src = tmp_path / "long.parquet"
+    pq.write_table(rows.make_row_table(recs), src)
+    full = candidate_pool(recs[0]["weights"], V, s)
+    with pytest.raises(ValueError, match="subsets"):  # what groups used to do
+        enumerate_best(recs[0]["weights"], V, full, s, max_subsets=CertifyOptions().max_subsets)
+    out = tmp_path / "g.parquet"
+    monkeypatch.setattr(sys, "argv", ["forcedweight", "groups", str(src), "--s", str(s), "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 0
+    got = pl.read_parquet(out)
+    assert got.height == 2 and sorted(got["head"].to_list()) == [0, 1]
+    opts = CertifyOptions(solver="none")
+    for r in got.iter_rows(named=True):
+        row = next(rr for rr in rows.iter_rows(src) if rr.extra["head"] == r["head"])
+        rec = certify_row(row, s, opts)
+        assert rec["pool_size"] < full.size and comb(rec["pool_size"], s) <= opts.max_subsets
+        # the same pool and the same exact enumeration: equal to the last bit
+        assert r["es_pool"] == rec["es_pool"]
+        assert r["es_pool"] <= r["es_top"] * (1 + 1e-12) and r["cost_pool"] >= 1 - 1e-12

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forcedweight.core import operator as op
+from forcedweight.core.swaps import swap_search
 from forcedweight import selectors as sel
 
 
@@ -170,6 +171,33 @@ def test_balancing_with_candidates_only_swaps_those_in():
     assert set(kept.tolist()) <= set(cand.tolist())
     full, _ = sel.balancing(p, V, 6)
     assert op.forced_error(p, V, full) <= op.forced_error(p, V, top)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(3, 14), d=st.integers(1, 4), data=st.data())
+def test_swap_search_from_any_start_reaches_a_local_optimum(seed, n, d, data):
+    # core.swaps.swap_search (balancing's search, also the solvers' polish) from a random start,
+    # over every key or a candidate subset: never worse than the start, and no allowed swap improves
+    s = data.draw(st.integers(1, n - 1))
+    rng = np.random.default_rng(seed)
+    p = rng.random(n) ** 4 + 1e-3
+    p /= p.sum()
+    V = rng.normal(size=(n, d))
+    start = np.sort(rng.choice(n, size=s, replace=False))
+    cand = None if data.draw(st.booleans()) else np.union1d(start, rng.choice(n, size=n // 2, replace=False))
+    kept, swaps = swap_search(p, V, start, candidates=cand)
+    assert kept.shape == (s,) and np.all(np.diff(kept) > 0)
+    allowed = np.arange(n) if cand is None else cand
+    assert set(kept.tolist()) <= set(start.tolist()) | set(allowed.tolist())
+    e = op.forced_error(p, V, kept)
+    assert e <= op.forced_error(p, V, start) and (swaps == 0) == np.array_equal(kept, start)
+    # relative 1e-9: the stop rule is 1e-12 relative, the expansion can lose digits on near-ties
+    for i in kept:
+        for j in np.setdiff1d(allowed, kept):
+            S = np.sort(np.append(kept[kept != i], j))
+            assert op.forced_error(p, V, S) >= e * (1 - 1e-9) - 1e-15
+    capped, one = swap_search(p, V, start, candidates=cand, max_swaps=1)
+    assert one == min(swaps, 1) and op.forced_error(p, V, capped) >= e * (1 - 1e-12)
 
 
 def test_balancing_single_key_budget_reaches_the_best_key_on_peaked_rows():

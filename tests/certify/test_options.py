@@ -1,0 +1,52 @@
+"""CertifyOptions and the SOLVERS registry: every name dispatches, fallbacks leave a note."""
+
+import numpy as np
+import pytest
+
+from forcedweight.certify.enumerate import brute_force_best
+from forcedweight.certify.options import SOLVERS, CertifyOptions, run_solver
+from forcedweight.core import operator as op
+from forcedweight.errors import InputError
+
+
+def _integral(n, seed):
+    rng = np.random.default_rng(seed)
+    return np.full(n, 1.0 / n), rng.integers(-50, 50, size=(n, 1)).astype(np.float64)
+
+
+def _peaked(n, seed):
+    rng = np.random.default_rng(seed)
+    p = np.exp(2.0 * rng.normal(size=n))
+    return p / p.sum(), rng.normal(size=(n, 3))
+
+
+def test_registry_names_are_the_options_names():
+    assert list(SOLVERS) == ["auto", "bnb", "scip", "cpsat", "none"]
+    for name in SOLVERS:
+        assert CertifyOptions(solver=name).solver == name
+    with pytest.raises(InputError, match="--solver must be one of auto, bnb, scip, cpsat, none"):
+        CertifyOptions(solver="gurobi")
+    with pytest.raises(ValueError, match="unknown solver 'none'"):
+        run_solver("none", *_peaked(8, 0), 2, np.arange(2), 1.0)
+
+
+@pytest.mark.parametrize("name, row, s, solver, note", [
+    ("auto", _integral(12, 1), 4, "mitm", None),            # uniform 1-D integers: meet in the middle
+    ("auto", _integral(50, 2), 3, "bnb", "mitm gave up"),    # N = 50: halves of 25 > 24, bnb takes over
+    ("auto", _peaked(14, 3), 4, "bnb", None),
+    ("bnb", _integral(12, 4), 4, "bnb", None),
+    ("cpsat", _integral(12, 5), 4, "cpsat", None),
+    ("cpsat", _peaked(14, 6), 4, "scip", "cpsat needs an integral row"),
+    ("scip", _peaked(14, 7), 3, "scip", None),
+])
+def test_each_solver_proves_the_brute_force_optimum(name, row, s, solver, note):
+    p, V = row
+    ref, _ = brute_force_best(p, V, s)
+    res, got_note = run_solver(name, p, V, s, op.top_mass_set(p, s), 30.0)
+    assert res.solver == solver and res.proved
+    assert (got_note is None) if note is None else (note in got_note)
+    # every solver's proof is relative: bnb 1e-9, scip 1e-6, mitm/cpsat exact up to float64; absolute
+    # slack 1e-12 max|v|: the round-off of E (an exact optimum 0 comes out as ~1e-15)
+    slack = 1e-12 * np.abs(V).max()
+    assert res.value == pytest.approx(op.forced_error(p, V, res.best_set), rel=1e-12, abs=1e-300)
+    assert ref * (1 - 1e-12) - slack <= res.value <= ref / (1 - 1e-6) + slack
