@@ -1,0 +1,27 @@
+"""Eviction policies: one small class per rule scoring every (layer, KV head, entry) of a Prefill.
+
+``POLICIES`` maps a policy's name to its class; ``make_policy(name, **options)`` builds one (InputError
+naming the policy when unknown). See docs/policies.md for every definition and its kvpress twin.
+"""
+
+from __future__ import annotations
+
+from forcedweight.deploy.policies.base import Policy
+from forcedweight.deploy.policies.simple import KnormPolicy, RandomPolicy, StreamingLLMPolicy
+from forcedweight.errors import InputError
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (RandomPolicy, StreamingLLMPolicy, KnormPolicy)
+}
+
+
+def make_policy(name: str, **options) -> Policy:
+    """The policy ``name`` built with ``options`` (sinks, recent, seed and its own)."""
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise InputError(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+    return cls(**options)
+
+
+__all__ = ["POLICIES", "KnormPolicy", "Policy", "RandomPolicy", "StreamingLLMPolicy", "make_policy"]

@@ -1,0 +1,156 @@
+"""Policies and the Prefill on tiny random GQA Llama models, against the model's own eager attention.
+
+Every reference is computed independently: attention probabilities from the same model run with
+``attn_implementation="eager"`` and ``output_attentions=True`` (float32; compared at ``atol=1e-6``),
+keys from its own ``DynamicCache``, and float64 NumPy re-statements of kvpress 0.5.5's presses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from forcedweight.core.operator import top_s
+from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
+from forcedweight.deploy.policies import POLICIES, make_policy
+from forcedweight.deploy.prefill import copy_dense_cache, prefill_context
+from forcedweight.errors import InputError
+from forcedweight.models import byte_tokenizer, tiny_llama
+from forcedweight.selectors.baselines import KNorm, StreamingLLM
+from forcedweight.selectors.base import RowView
+from forcedweight.selectors.mass import TOVA
+
+N_CTX = 96
+ATOL = 1e-6  # float32 eager probabilities vs our float64 softmax of the same float32 q, k
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(0, layers=2, heads=4, kv_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def context_ids():
+    return torch.randint(3, 300, (1, N_CTX), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.fixture(scope="module")
+def prefill(model, context_ids):
+    return prefill_context(model, byte_tokenizer(), context_ids)
+
+
+@pytest.fixture(scope="module")
+def eager(model, context_ids):
+    """(attentions per layer (H_q, N, N) float64, keys per layer (H_kv, N, d), values, last logits)."""
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            out = model(context_ids, output_attentions=True, use_cache=True)
+    finally:
+        model.config._attn_implementation = previous
+    cache = out.past_key_values
+    attn = [a[0].double().numpy() for a in out.attentions]
+    keys = [layer.keys[0].double().numpy() for layer in cache.layers]
+    vals = [layer.values[0].double().numpy() for layer in cache.layers]
+    return attn, keys, vals, out.logits[0, -1]
+
+
+def _group_mean(x, g):
+    """(H_q, ...) → (H_kv, ...) mean over each KV group's G query heads (repeat_kv layout)."""
+    return x.reshape(x.shape[0] // g, g, *x.shape[1:]).mean(axis=1)
+
+
+def test_prefill_matches_eager_attention(prefill, eager, model):
+    attn, keys, vals, logits = eager
+    assert (prefill.n_layers, prefill.n_heads, prefill.n_kv_heads, prefill.group_size) == (2, 4, 2, 2)
+    assert prefill.head_dim == 16 and prefill.n_tokens == N_CTX and prefill.scaling == 16 ** -0.5
+    for layer in range(2):
+        np.testing.assert_allclose(prefill.attention(layer), attn[layer], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(prefill.attention(layer, slice(-5, None)), attn[layer][:, -5:], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(prefill.keys(layer).numpy(), keys[layer], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(prefill.values(layer).numpy(), vals[layer], rtol=0, atol=1e-6)
+        # the captured queries are the post-RoPE ones: RoPE undone, they are q_proj of the layer input
+        assert prefill.queries[layer].shape == (4, N_CTX, 16)
+    torch.testing.assert_close(prefill.logits_last, logits, rtol=0, atol=1e-5)
+    assert model.config._attn_implementation != "forcedweight_prefill"  # restored
+
+
+def test_prefill_bad_input(model):
+    with pytest.raises(InputError, match="empty context"):
+        prefill_context(model, None, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(InputError, match="window"):
+        prefill_context(model, None, torch.ones(1, model.config.max_position_embeddings + 1, dtype=torch.long))
+
+
+def test_ragged_cache_is_a_fresh_copy(prefill):
+    before = [prefill.keys(layer).clone() for layer in range(2)]
+    cache = prefill.ragged_cache()
+    assert cache.entries() == 2 * 2 * N_CTX
+    keep = select(make_policy("knorm").padded_scores(prefill), np.full((2, 2), 10))
+    evict(cache, keep)
+    assert cache.entries() == 40
+    for layer in range(2):
+        torch.testing.assert_close(prefill.keys(layer), before[layer], rtol=0, atol=0)
+    assert prefill.ragged_cache().entries() == 2 * 2 * N_CTX
+
+
+def test_registry_and_options():
+    assert set(POLICIES) >= {"random", "streaming_llm", "knorm"}
+    with pytest.raises(InputError, match="unknown policy 'nope'"):
+        make_policy("nope")
+    with pytest.raises(InputError, match="knorm: unknown option"):
+        make_policy("knorm", window=3)
+    with pytest.raises(InputError, match="sinks"):
+        make_policy("knorm", sinks=-1)
+    for name, cls in POLICIES.items():
+        assert isinstance(cls.query_agnostic, bool) and cls.name == name
+
+
+def test_shapes_and_padding(prefill):
+    for name in POLICIES:
+        pol = make_policy(name, sinks=2, recent=3)
+        sc = pol.padded_scores(prefill)
+        assert len(sc) == 2
+        for s in sc:
+            assert s.shape == (2, N_CTX) and s.dtype == np.float64 and not np.isnan(s).any()
+            assert np.isposinf(s[:, :2]).all() and np.isposinf(s[:, -3:]).all()
+
+
+def test_random_is_seeded(prefill):
+    a = make_policy("random", seed=3).score(prefill)
+    b = make_policy("random", seed=3).score(prefill)
+    c = make_policy("random", seed=4).score(prefill)
+    for x, y, z in zip(a, b, c):
+        np.testing.assert_array_equal(x, y)
+        assert not np.array_equal(x, z)
+        assert (x >= 0).all() and (x < 1).all()
+    assert not np.array_equal(a[0][0], a[0][1]) and not np.array_equal(a[0][0], a[1][0])  # one stream per segment
+
+
+def test_streaming_llm_keeps_sinks_and_recent(prefill):
+    pol = make_policy("streaming_llm")
+    assert pol.sinks == 4
+    sc = pol.padded_scores(prefill)
+    r = 0.75
+    counts = make_allocator("uniform").allocate(sc, budget_for(N_CTX, 2, 2, r))
+    n_kept = int(N_CTX * (1 - r))
+    expect = np.r_[0:4, N_CTX - (n_kept - 4):N_CTX]  # kvpress StreamingLLMPress: n_sink + the last
+    for heads in select(sc, counts):
+        for k in heads:
+            np.testing.assert_array_equal(k, expect)
+    # the row-selector twin keeps the same set on every segment
+    row = RowView(np.full(N_CTX, 1.0 / N_CTX), np.zeros((N_CTX, 1)))
+    np.testing.assert_array_equal(top_s(StreamingLLM(sinks=4).padded_score(row), n_kept), expect)
+
+
+def test_knorm_equals_eager_keys_and_its_selector_twin(prefill, eager):
+    _, keys, vals, _ = eager
+    sc = make_policy("knorm").score(prefill)
+    for layer in range(2):
+        np.testing.assert_allclose(sc[layer], -np.linalg.norm(keys[layer], axis=-1), rtol=0, atol=1e-5)
+        for h in range(2):
+            row = RowView(np.full(N_CTX, 1.0 / N_CTX), vals[layer][h], keys=keys[layer][h])
+            for s in (1, 10, 50):
+                np.testing.assert_array_equal(top_s(sc[layer][h], s), top_s(KNorm().padded_score(row), s))
