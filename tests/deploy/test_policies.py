@@ -154,3 +154,60 @@ def test_knorm_equals_eager_keys_and_its_selector_twin(prefill, eager):
             row = RowView(np.full(N_CTX, 1.0 / N_CTX), vals[layer][h], keys=keys[layer][h])
             for s in (1, 10, 50):
                 np.testing.assert_array_equal(top_s(sc[layer][h], s), top_s(KNorm().padded_score(row), s))
+
+
+def _kvpress_pad(scores: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.nn.functional.pad(scores, (0, n), value=scores.max().item() + 1)
+
+
+def test_tova_equals_kvpress_on_eager_attention(prefill, eager):
+    attn, *_ = eager
+    sc = make_policy("tova").score(prefill)
+    sc_group = make_policy("tova", heads="group").score(prefill)
+    for layer in range(2):
+        a = torch.tensor(attn[layer])[None]  # (1, H_q, N, N)
+        ref = a[..., -1:, :-1].mean(1).repeat(1, 2, 1)  # kvpress TOVAPress.score
+        np.testing.assert_allclose(sc[layer], _kvpress_pad(ref, 1)[0].numpy(), rtol=0, atol=ATOL)
+        ref_g = _group_mean(attn[layer][:, -1, :-1], 2)
+        np.testing.assert_allclose(sc_group[layer][:, :-1], ref_g, rtol=0, atol=ATOL)
+        assert (sc_group[layer][:, -1] > 1).all()
+
+
+def test_h2o_equals_accumulated_eager_attention(prefill, eager):
+    attn, *_ = eager
+    sc = make_policy("h2o").score(prefill)
+    sc_norm = make_policy("h2o", normalize=True).score(prefill)
+    for layer in range(2):
+        np.testing.assert_allclose(sc[layer], _group_mean(attn[layer].sum(axis=1), 2), rtol=0, atol=N_CTX * ATOL)
+        a = torch.tensor(attn[layer])[None]  # kvpress ObservedAttentionPress.score
+        ref = (a.sum(2) / torch.arange(N_CTX, 0, -1, dtype=a.dtype)).view(1, 2, -1, N_CTX).mean(2)[0]
+        np.testing.assert_allclose(sc_norm[layer], ref.numpy(), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("window", [64, 8])
+def test_snapkv_equals_kvpress_on_eager_attention(prefill, eager, window):
+    attn, *_ = eager
+    sc = make_policy("snapkv", window=window).score(prefill)
+    for layer in range(2):
+        a = torch.tensor(attn[layer])[None]  # kvpress SnapKVPress.score with attentions given
+        w = a[..., -window:, :-window].mean(dim=-2)
+        w = torch.nn.functional.avg_pool1d(w, kernel_size=5, padding=2, stride=1)
+        w = w.view(1, 2, 2, N_CTX - window).mean(2)
+        np.testing.assert_allclose(sc[layer], _kvpress_pad(w, window)[0].numpy(), rtol=0, atol=ATOL)
+
+
+def test_snapkv_short_context_clips_the_window(model):
+    pre = prefill_context(model, None, torch.arange(3, 23)[None])
+    sc = make_policy("snapkv").score(pre)  # N = 20 <= 64: window N - 1
+    assert sc[0].shape == (2, 20) and (sc[0][:, 1:] > sc[0][:, :1]).all()
+
+
+def test_tova_twin_keeps_the_selector_set_on_one_segment():
+    m = tiny_llama(1, layers=1, heads=2, kv_heads=1, head_dim=16)
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(2))
+    pre = prefill_context(m, None, ids)
+    sc = make_policy("tova").padded_scores(pre)[0][0]
+    row = RowView(pre.attention(0, slice(-1, None))[:, 0].mean(axis=0), pre.values(0)[0].double().numpy())
+    twin = TOVA(recent=1).padded_score(row)  # kvpress keeps the last entry; TOVA's row is the last query
+    for s in (1, 5, 20, 39):
+        np.testing.assert_array_equal(top_s(sc, s), top_s(twin, s))

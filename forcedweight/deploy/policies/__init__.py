@@ -6,13 +6,14 @@ naming the policy when unknown). See docs/policies.md for every definition and i
 
 from __future__ import annotations
 
+from forcedweight.deploy.policies.attention import H2OPolicy, SnapKVPolicy, TOVAPolicy
 from forcedweight.deploy.policies.base import Policy
 from forcedweight.deploy.policies.simple import KnormPolicy, RandomPolicy, StreamingLLMPolicy
 from forcedweight.errors import InputError
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (RandomPolicy, StreamingLLMPolicy, KnormPolicy)
+    for cls in (RandomPolicy, StreamingLLMPolicy, KnormPolicy, TOVAPolicy, H2OPolicy, SnapKVPolicy)
 }
 
 
@@ -24,4 +25,5 @@ def make_policy(name: str, **options) -> Policy:
     return cls(**options)
 
 
-__all__ = ["POLICIES", "KnormPolicy", "Policy", "RandomPolicy", "StreamingLLMPolicy", "make_policy"]
+__all__ = ["POLICIES", "H2OPolicy", "KnormPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
+           "TOVAPolicy", "make_policy"]
