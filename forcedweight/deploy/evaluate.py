@@ -1,0 +1,317 @@
+"""``evaluate``: eviction inside real generation with the budget physically enforced (issue 11).
+
+For every example: tokenize (kvpress's split, :mod:`forcedweight.deploy.evaluate_protocol`), prefill
+the context ONCE (``prefill_context``), then for every method (policy, allocator, budget setting):
+a fresh copy of the cache (``Prefill.ragged_cache``, cloned, never re-prefilled); the policy's scores
+(each policy scored once per example and reused across allocators and budgets); the allocator's
+counts for the total budget (``budget_for``); the segmented top-s (``select``); ``evict`` in the
+``RaggedKVCache`` (every evicted entry leaves memory); then the question fed at positions continuing
+from the context length and a greedy answer through ``ragged_decode`` (or, for a continuation
+example, its cross-entropy teacher-forced). ``none`` is the full cache (no eviction).
+
+Budgets: ``compression_ratios`` (fraction of the context's entries evicted, kvpress's meaning) or
+``budgets`` (mean kept entries per KV head; total = budget x layers x KV heads, capped at the
+context). Bad input (missing columns, empty context, context + question over the model's window,
+a ratio outside [0, 1), an unknown policy or allocator, a budget below sinks + recent) raises
+InputError before anything is written.
+
+Output ``DIR/results.parquet`` (atomic), one row per (example, policy, allocator, setting); the
+work is resumable: each finished example is written as a part in the hidden ``DIR/.results.parquet.parts``
+with a ``state.json`` fingerprint (tasks file, model, seed, options); a rerun reuses the parts whose
+key (id, policy, allocator, compression_ratio / budget, query_aware) it needs and computes the rest.
+Then ``DIR/report/`` (``forcedweight.deploy.evaluate_report``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from forcedweight import io as fio
+from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
+from forcedweight.deploy.attention import use_ragged_attention
+from forcedweight.deploy.evaluate_protocol import Prompt, continuation_nll, greedy_answer, prompt_ids
+from forcedweight.deploy.evaluate_report import write_report
+from forcedweight.deploy.policies import make_policy
+from forcedweight.deploy.prefill import prefill_context
+from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
+from forcedweight.errors import InputError
+from forcedweight.models import LoadedModel, load_model
+
+NONE = "none"
+STATE_VERSION = 1
+#: test hook: SIGKILL this process after writing this many example parts (simulates a crash)
+KILL_HOOK = "FORCEDWEIGHT_TEST_KILL_AFTER_EXAMPLES"
+
+RESULT_SCHEMA = pa.schema([
+    ("id", pa.string()), ("task", pa.string()), ("metric", pa.string()), ("policy", pa.string()),
+    ("allocator", pa.string()), ("compression_ratio", pa.float64()), ("budget", pa.float64()),
+    ("query_aware", pa.bool_()), ("seed", pa.int64()), ("answer", pa.string()), ("score", pa.float64()),
+    ("ce_full", pa.float64()), ("ce_delta", pa.float64()), ("physical_bytes", pa.int64()),
+    ("nominal_bytes", pa.int64()), ("dense_bytes", pa.int64()), ("kept_entries", pa.int64()),
+    ("context_tokens", pa.int64()), ("answer_tokens", pa.int64()), ("prefill_s", pa.float64()),
+    ("scoring_s", pa.float64()), ("evict_s", pa.float64()), ("decode_s", pa.float64()),
+])
+KEY = ("id", "policy", "allocator", "compression_ratio", "budget", "query_aware")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One evaluated method: a policy, an allocator and one budget setting (``ratio`` or ``budget``)."""
+
+    policy: str
+    allocator: str
+    ratio: float | None = None
+    budget: float | None = None
+
+    def key(self, ex_id: str, query_aware: bool) -> tuple:
+        """The resume key: (id, policy, allocator, ratio (None in budget mode), budget, query_aware)."""
+        return (ex_id, self.policy, self.allocator, self.ratio if self.budget is None else None, self.budget,
+                bool(query_aware))
+
+
+def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequence[float] | None,
+                budgets: Sequence[float] | None) -> list[Method]:
+    """The methods of a run: ``none`` once (the full cache), every other policy x allocator x setting."""
+    if ratios and budgets:
+        raise InputError("give --compression-ratio or --budget, not both")
+    settings = [(float(r), None) for r in (ratios or [])] + [(None, float(b)) for b in (budgets or [])]
+    for r, b in settings:
+        if r is not None and not 0.0 <= r < 1.0:
+            raise InputError(f"--compression-ratio: {r!r} outside [0, 1) (the fraction evicted)")
+        if b is not None and not b >= 1:
+            raise InputError(f"--budget: {b!r} must be >= 1 (mean kept entries per KV head)")
+    policies = list(dict.fromkeys(policies))
+    if not policies:
+        raise InputError("--policy: give at least one policy (none = the full cache)")
+    out = []
+    if NONE in policies:
+        out.append(Method(NONE, NONE, 0.0, None))
+    others = [p for p in policies if p != NONE]
+    if others and not settings:
+        raise InputError("give --compression-ratio or --budget for the policies other than none")
+    allocators = list(dict.fromkeys(allocators or ["uniform"]))
+    for p in others:
+        for a in allocators:
+            for r, b in settings:
+                out.append(Method(p, a, r, b))
+    return out
+
+
+def _load(model, device: str, note) -> LoadedModel:
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, tuple):
+        return LoadedModel(model[0], model[1], type(model[0]).__name__, "python")
+    note(f"loading model {model or 'smollm2'} ...")
+    loaded = load_model(model, device=device)
+    if loaded.tokenizer is None:
+        raise InputError(f"--model {model}: no tokenizer found (evaluate needs one)")
+    note(f"loaded {loaded.name}")
+    return loaded
+
+
+def _fingerprint(tasks, model_spec: str, seed: int, query_aware: bool, policy_options: dict) -> dict:
+    st = Path(tasks).stat()
+    return {"version": STATE_VERSION, "tasks": [str(Path(tasks).resolve()), st.st_size, st.st_mtime_ns],
+            "model": model_spec, "seed": int(seed), "query_aware": bool(query_aware),
+            "policy_options": {k: policy_options[k] for k in sorted(policy_options)}}
+
+
+def _prepare_parts(parts: Path, state: dict, note) -> None:
+    state_file = parts / "state.json"
+    if parts.exists():
+        try:
+            old = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            old = None
+        if old == state:
+            return
+        note(f"note: {parts} holds parts of a run with other tasks or options; starting over")
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True)
+    with fio.atomic_path(state_file) as tmp:
+        tmp.write_text(json.dumps(state, indent=1))
+
+
+def _done_keys(parts: Path) -> tuple[set, list[Path]]:
+    files = sorted(parts.glob("part-*.parquet"))
+    done = set()
+    for f in files:
+        done |= {_row_key(r) for r in pq.read_table(f, columns=list(KEY)).to_pylist()}
+    return done, files
+
+
+def _check_examples(examples: list[dict], prompts: list[Prompt], methods: list[Method], window: int | None,
+                    n_layers: int, policies: dict, path) -> None:
+    """Every bad input an example can hold, before any work (InputError naming the example)."""
+    for ex, pr in zip(examples, prompts):
+        if pr.n_context == 0:
+            raise InputError(f"--tasks {path}: example {ex['id']}: empty context")
+        total = pr.total_tokens(ex["max_new_tokens"])
+        if window is not None and total > window:
+            raise InputError(f"--tasks {path}: example {ex['id']}: context + question + answer = {total} tokens "
+                             f"exceeds the model's window of {window}")
+        for m in methods:
+            if m.policy == NONE:
+                continue
+            pol = policies[m.policy]
+            per_head = _total_budget(pr.n_context, n_layers, 1, m)
+            need = min(pol.sinks + pol.recent, pr.n_context)
+            if per_head < need:
+                setting = f"--compression-ratio {m.ratio}" if m.ratio is not None else f"--budget {m.budget}"
+                raise InputError(f"{setting}: example {ex['id']} keeps {per_head} entries per KV head, below "
+                                 f"{m.policy}'s sinks + recent window ({need})")
+
+
+def _total_budget(n_tokens: int, n_layers: int, n_kv_heads: int, m: Method) -> int:
+    if m.ratio is not None:
+        return budget_for(n_tokens, n_layers, n_kv_heads, m.ratio)
+    return int(min(round(m.budget), n_tokens)) * n_layers * n_kv_heads
+
+
+def run_example(model, tokenizer, ex: dict, prompt: Prompt, methods: list[Method], policies: dict, seed: int,
+                query_aware: bool) -> list[dict]:
+    """Every method on one example (one shared prefill); the result rows."""
+    metric = metric_for_task(ex["task"])
+    t0 = time.perf_counter()
+    prefill = prefill_context(model, tokenizer, prompt.context)
+    prefill_s = time.perf_counter() - t0
+    n = prefill.n_tokens
+    dense = prefill.ragged_cache()
+    dense_bytes = int(dense.physical_bytes())
+    ce_full = None
+    if ex["task"] == CONTINUATION_TASK:
+        ce_full = continuation_nll(model, dense, prefill.logits_last, prompt.continuation, n)
+    del dense
+    scores: dict = {}
+    rows = []
+    for m in methods:
+        cache = prefill.ragged_cache()
+        scoring_s = evict_s = 0.0
+        if m.policy != NONE:
+            pol = policies[m.policy]
+            skey = (m.policy, m.ratio if pol.depends_on_ratio else None)
+            if skey not in scores:
+                t = time.perf_counter()
+                scores[skey] = pol.padded_scores(prefill, compression_ratio=m.ratio)
+                scores[skey + ("s",)] = time.perf_counter() - t
+            sc, scoring_s = scores[skey], scores[skey + ("s",)]
+            t = time.perf_counter()
+            total = _total_budget(n, prefill.n_layers, prefill.n_kv_heads, m)
+            counts = make_allocator(m.allocator).allocate(sc, total)
+            evict(cache, select(sc, counts))
+            evict_s = time.perf_counter() - t
+        physical, nominal, kept = int(cache.physical_bytes()), int(cache.nominal_bytes()), int(cache.entries())
+        t = time.perf_counter()
+        if ex["task"] == CONTINUATION_TASK:
+            ids, answer = [], ""
+            score = continuation_nll(model, cache, prefill.logits_last, prompt.continuation, n)
+        else:
+            ids = greedy_answer(model, cache, prompt.question, n, ex["max_new_tokens"])
+            answer = tokenizer.decode(ids, skip_special_tokens=True)
+            score = score_answer(ex["task"], answer, ex["answer"])
+        decode_s = time.perf_counter() - t
+        del cache
+        ratio = m.ratio if m.ratio is not None else (1.0 - kept / (n * prefill.n_layers * prefill.n_kv_heads))
+        rows.append({
+            "id": ex["id"], "task": ex["task"], "metric": metric, "policy": m.policy, "allocator": m.allocator,
+            "compression_ratio": float(ratio), "budget": m.budget,
+            "query_aware": bool(query_aware), "seed": int(seed), "answer": answer, "score": float(score),
+            "ce_full": ce_full, "ce_delta": None if ce_full is None else float(score) - ce_full,
+            "physical_bytes": physical, "nominal_bytes": nominal, "dense_bytes": dense_bytes,
+            "kept_entries": kept, "context_tokens": n, "answer_tokens": len(ids), "prefill_s": prefill_s,
+            "scoring_s": scoring_s, "evict_s": evict_s, "decode_s": decode_s,
+        })
+    return rows
+
+
+def _row_key(r: dict) -> tuple:
+    """A result row's resume key (as :meth:`Method.key`)."""
+    return (r["id"], r["policy"], r["allocator"], r["compression_ratio"] if r["budget"] is None else None,
+            r["budget"], bool(r["query_aware"]))
+
+
+def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[str] = ("uniform",),
+             compression_ratios: Sequence[float] | None = None, budgets: Sequence[float] | None = None,
+             max_examples: int | None = None, query_aware: bool = False, seed: int = 0,
+             policy_options: dict | None = None, progress: bool = True, report: bool = True,
+             device: str = "cpu", quiet: bool = False) -> Path:
+    """Run the protocol (module docstring) over a task file; write ``out/results.parquet`` and
+    ``out/report/``; return the results path.
+
+    Parameters
+    ----------
+    model : "smollm2", a model directory / .gguf path, a LoadedModel, or ``(model, tokenizer)``.
+    tasks : a JSONL or Parquet task file in kvpress's columns.
+    out : the output directory.
+    policies : policy names (``none`` = the full cache); allocators : allocator names.
+    compression_ratios / budgets : the budget settings (one of the two).
+    """
+    def note(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr)
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    methods = methods_for(policies, allocators, compression_ratios, budgets)
+    for a in {m.allocator for m in methods if m.policy != NONE}:
+        make_allocator(a)
+    options = dict(policy_options or {})
+    pols = {m.policy: make_policy(m.policy, seed=seed, **options.get(m.policy, {}))
+            for m in methods if m.policy != NONE}
+    examples = read_tasks(tasks, max_examples)
+    results = out / "results.parquet"
+    fio.check_output_file(results)
+    loaded = _load(model, device, note)
+    mdl, tok = loaded.model, loaded.tokenizer
+    prompts = [prompt_ids(tok, ex, query_aware) for ex in examples]
+    cfg = mdl.config
+    window = getattr(cfg, "max_position_embeddings", None)
+    _check_examples(examples, prompts, methods, window, int(cfg.num_hidden_layers), pols, tasks)
+
+    use_ragged_attention(mdl)
+    parts = out / ".results.parquet.parts"
+    spec = loaded.source if not isinstance(model, (LoadedModel, tuple)) else f"python:{loaded.name}"
+    _prepare_parts(parts, _fingerprint(tasks, spec, seed, query_aware, options), note)
+    done, _ = _done_keys(parts)
+    kill_after = int(os.environ.get(KILL_HOOK, "0") or 0)
+    written = 0
+    with fio.progress("evaluate", enabled=progress) as bar:
+        task = bar.add_task("examples", total=len(examples))
+        for i, (ex, pr) in enumerate(zip(examples, prompts)):
+            todo = [m for m in methods if m.key(ex["id"], query_aware) not in done]
+            if todo:
+                rows = run_example(mdl, tok, ex, pr, todo, pols, seed, query_aware)
+                table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+                k = len(list(parts.glob(f"part-{i:06d}-*.parquet")))
+                fio.write_table_atomic(table, parts / f"part-{i:06d}-{k:03d}.parquet")
+                written += 1
+                if kill_after and written >= kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            bar.advance(task)
+    _, files = _done_keys(parts)
+    table = pa.concat_tables([pq.read_table(f) for f in files]) if files else RESULT_SCHEMA.empty_table()
+    wanted = {m.key(ex["id"], query_aware) for ex in examples for m in methods}
+    order = {ex["id"]: i for i, ex in enumerate(examples)}
+    rows = [r for r in table.to_pylist() if _row_key(r) in wanted]
+    rows.sort(key=lambda r: (order[r["id"]], r["policy"] != NONE, r["policy"], r["allocator"],
+                             r["compression_ratio"], r["budget"] or 0.0))
+    fio.write_table_atomic(pa.Table.from_pylist(rows, schema=RESULT_SCHEMA), results)
+    shutil.rmtree(parts, ignore_errors=True)
+    if report:
+        write_report(results, out / "report")
+    return results

@@ -1,0 +1,205 @@
+"""The evaluate report: tables per task x compression ratio, score against physical bytes, and paired
+comparisons between methods at matched physical bytes (``DIR/report/``).
+
+A *method* is ``policy/allocator`` (``none`` for the full cache). Written files:
+
+- ``summary.csv``: per (task, metric, method, compression ratio): examples, mean score, mean
+  physical / nominal / dense bytes, physical share of the dense cache, mean seconds;
+- ``paired.csv`` / ``paired.parquet``: for every two methods other than none and every metric,
+  wins / losses / ties over the (task, compression ratio, example) triples both ran (same budget, so
+  the same kept entries: matched physical bytes; ``bytes_ratio`` = their mean physical-bytes ratio),
+  a two-sided sign test and a bootstrap interval of the mean difference
+  (``forcedweight.core.stats.paired_comparison``; for cross-entropy lower is better);
+- ``score_vs_bytes-<task>.png``: mean score against mean physical bytes per method;
+- ``report.md``: the tables and the figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from forcedweight import io as fio  # noqa: E402
+from forcedweight.core.stats import paired_comparison  # noqa: E402
+from forcedweight.deploy.tasks import higher_is_better  # noqa: E402
+from forcedweight.errors import InputError  # noqa: E402
+
+
+def method_name(row: dict) -> str:
+    return "none" if row["policy"] == "none" else f"{row['policy']}/{row['allocator']}"
+
+
+def _rows(results) -> list[dict]:
+    path = Path(results)
+    if path.is_dir():
+        path = path / "results.parquet"
+    if not path.is_file():
+        raise InputError(f"{path}: no such results file (run forcedweight evaluate first)")
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    need = {"id", "task", "metric", "policy", "allocator", "compression_ratio", "score", "physical_bytes"}
+    if rows and not need <= set(rows[0]):
+        raise InputError(f"{path}: not an evaluate results file (missing {', '.join(sorted(need - set(rows[0])))})")
+    for r in rows:
+        r["method"] = method_name(r)
+        r["ratio"] = round(float(r["compression_ratio"]), 4)
+    return rows
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per (task, metric, method, ratio) means (see the module docstring)."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["metric"], r["method"], r["ratio"]), []).append(r)
+    out = []
+    for (task, metric, method, ratio), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][3] > 0, kv[0][2], kv[0][3])):
+        mean = lambda k: float(np.mean([x[k] for x in g if x.get(k) is not None])) if any(x.get(k) is not None for x in g) else float("nan")  # noqa: E731
+        out.append({"task": task, "metric": metric, "method": method, "compression_ratio": ratio, "n": len(g),
+                    "score": mean("score"), "ce_delta": mean("ce_delta"), "physical_bytes": mean("physical_bytes"),
+                    "nominal_bytes": mean("nominal_bytes"), "dense_bytes": mean("dense_bytes"),
+                    "physical_share": mean("physical_bytes") / mean("dense_bytes") if mean("dense_bytes") else float("nan"),
+                    "prefill_s": mean("prefill_s"), "scoring_s": mean("scoring_s"), "decode_s": mean("decode_s")})
+    return out
+
+
+def paired(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> list[dict]:
+    """Every two non-none methods per metric, over their shared (task, ratio, example) triples."""
+    by: dict = {}
+    for r in rows:
+        if r["method"] != "none":
+            by.setdefault(r["metric"], {}).setdefault(r["method"], {})[(r["task"], r["ratio"], r["id"])] = r
+    out = []
+    for metric, methods in sorted(by.items()):
+        for ma, mb in itertools.combinations(sorted(methods), 2):
+            keys = sorted(set(methods[ma]) & set(methods[mb]))
+            if not keys:
+                continue
+            a = np.array([methods[ma][k]["score"] for k in keys], dtype=float)
+            b = np.array([methods[mb][k]["score"] for k in keys], dtype=float)
+            pa_ = np.array([methods[ma][k]["physical_bytes"] for k in keys], dtype=float)
+            pb_ = np.array([methods[mb][k]["physical_bytes"] for k in keys], dtype=float)
+            c = paired_comparison(a, b, higher_is_better=higher_is_better(metric), n_boot=n_boot, seed=seed)
+            out.append({"metric": metric, "method_a": ma, "method_b": mb, "n": c.n, "wins": c.wins,
+                        "losses": c.losses, "ties": c.ties, "sign_test_p": c.pvalue, "mean_diff": c.mean_diff,
+                        "ci_lo": c.lo, "ci_hi": c.hi, "bytes_ratio": float(pa_.mean() / pb_.mean()),
+                        "note": c.note})
+    return out
+
+
+def _write_csv(records: list[dict], path: Path) -> None:
+    if not records:
+        return
+    cols = list(records[0])
+    with fio.atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(",".join(cols) + "\n")
+            for r in records:
+                f.write(",".join(_cell(r[c]) for c in cols) + "\n")
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "" if np.isnan(v) else f"{v:.6g}"
+    s = str(v)
+    return f'"{s}"' if "," in s else s
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def score_figure(task: str, records: list[dict]) -> Figure:
+    """Mean score against mean physical bytes (KiB), one line per method over its ratios."""
+    fig = Figure(figsize=(5.0, 3.4), dpi=150)
+    ax = fig.add_subplot(1, 1, 1)
+    methods = sorted({r["method"] for r in records})
+    for m in methods:
+        pts = sorted((r["physical_bytes"] / 1024, r["score"]) for r in records if r["method"] == m)
+        xs, ys = zip(*pts)
+        if m == "none":
+            ax.plot(xs, ys, "k*", markersize=9, label=m)
+        else:
+            ax.plot(xs, ys, "o-", markersize=3, linewidth=1, label=m)
+    metric = records[0]["metric"]
+    ax.set_xlabel("physical cache bytes after eviction (KiB)")
+    ax.set_ylabel("cross-entropy (nats/token)" if metric == "ce_nats" else f"score ({metric})")
+    ax.set_title(task, fontsize=9)
+    ax.legend(fontsize=5, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "—"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _markdown(summ: list[dict], pairs: list[dict], figures: list[Path], source: Path) -> str:
+    lines = ["# Evaluate report", "", f"Results: `{source}`", ""]
+    for task in sorted({r["task"] for r in summ}):
+        recs = [r for r in summ if r["task"] == task]
+        ratios = sorted({r["compression_ratio"] for r in recs if r["method"] != "none"})
+        metric = recs[0]["metric"]
+        lines += [f"## {task} ({metric}, mean over {max(r['n'] for r in recs)} examples)", "",
+                  "| method | " + " | ".join(f"r={x:g}" for x in ratios) + " | physical share |",
+                  "|---|" + "---|" * (len(ratios) + 1)]
+        none = [r for r in recs if r["method"] == "none"]
+        if none:
+            lines.append(f"| none (full cache) | {_fmt(none[0]['score'])}" + " |" * len(ratios) + " 1.000 |")
+        for m in sorted({r["method"] for r in recs} - {"none"}):
+            cells = {r["compression_ratio"]: r for r in recs if r["method"] == m}
+            share = " / ".join(_fmt(cells[x]["physical_share"]) for x in ratios if x in cells)
+            lines.append(f"| {m} | " + " | ".join(_fmt(cells[x]["score"]) if x in cells else "—" for x in ratios)
+                         + f" | {share} |")
+        lines.append("")
+    if pairs:
+        lines += ["## Paired comparisons at matched physical bytes", "",
+                  "Over the (task, ratio, example) triples both methods ran; wins = a better than b; "
+                  "sign test two-sided; 95% bootstrap interval of the mean difference (positive favours a).", "",
+                  "| metric | a | b | n | wins | losses | ties | sign p | mean diff [95% CI] | bytes a/b |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for p in pairs:
+            lines.append(f"| {p['metric']} | {p['method_a']} | {p['method_b']} | {p['n']} | {p['wins']} | "
+                         f"{p['losses']} | {p['ties']} | {_fmt(p['sign_test_p'], 3)} | {_fmt(p['mean_diff'])} "
+                         f"[{_fmt(p['ci_lo'])}, {_fmt(p['ci_hi'])}] | {_fmt(p['bytes_ratio'], 4)} |")
+        lines.append("")
+    if figures:
+        lines += ["## Score against physical bytes", ""] + [f"![{f.stem}]({f.name})" for f in figures] + [""]
+    return "\n".join(lines)
+
+
+def write_report(results, out_dir, n_boot: int = 2000, seed: int = 0) -> Path:
+    """Write the report of a results file (or an evaluate output directory) into ``out_dir``;
+    return the path of ``report.md``."""
+    rows = _rows(results)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summ, pairs = summary(rows), paired(rows, n_boot=n_boot, seed=seed)
+    _write_csv(summ, out_dir / "summary.csv")
+    _write_csv(pairs, out_dir / "paired.csv")
+    if pairs:
+        fio.write_table_atomic(pa.Table.from_pylist(pairs), out_dir / "paired.parquet")
+    figures = []
+    for task in sorted({r["task"] for r in summ}):
+        fig = score_figure(task, [r for r in summ if r["task"] == task])
+        target = out_dir / f"score_vs_bytes-{slug(task)}.png"
+        with fio.atomic_path(target, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png")
+        figures.append(target)
+    src = Path(results)
+    md = out_dir / "report.md"
+    with fio.atomic_path(md) as tmp:
+        tmp.write_text(_markdown(summ, pairs, figures, src if src.is_file() else src / "results.parquet"))
+    return md
