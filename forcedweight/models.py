@@ -165,3 +165,89 @@ def save_tiny_model(directory: str | os.PathLike, seed: int = 0, **config_kwargs
     model.save_pretrained(directory)
     byte_tokenizer(model.config.max_position_embeddings).save_pretrained(directory)
     return directory
+
+
+# ----------------------------------------------------------------------------- tiny models per family
+
+# Shared shape of every tiny family model: 2 layers, 4 query heads over 2 KV heads (GQA), head
+# dim 16, hidden 64, the byte tokenizer's vocabulary (259 tokens) rounded up to 300.
+_TINY_SHAPE = dict(
+    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    tie_word_embeddings=False,
+)
+TINY_WINDOW = 12  # sliding window of the tiny models that have one: shorter than the test texts
+
+# family -> (config class, model class, config overrides). Each exercises what its family adds to
+# Llama's attention (see docs/families.md).
+_TINY_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(head_dim=16)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict()),
+    # layers >= max_window_layers use the sliding window: layer 0 full, layer 1 sliding
+    "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
+                      dict(use_sliding_window=True, sliding_window=TINY_WINDOW, max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),  # q/k RMSNorm per head
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(head_dim=16, sliding_window=TINY_WINDOW)),
+    # alternating sliding (layer 0) / global (layer 1), soft-cap 3 on the scaled logits,
+    # scaling query_pre_attn_scalar ** -0.5 = 24 ** -0.5 (not head_dim ** -0.5)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=16, sliding_window=TINY_WINDOW, attn_logit_softcapping=3.0, query_pre_attn_scalar=24,
+                    layer_types=["sliding_attention", "full_attention"])),
+    # sliding/global pattern, q/k norm, query_pre_attn_scalar scaling
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=16, sliding_window=TINY_WINDOW, query_pre_attn_scalar=24,
+                    layer_types=["sliding_attention", "full_attention"])),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=TINY_WINDOW)),  # fused qkv, sliding window
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict()),  # q/k RMSNorm over the whole projection
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(attention_multiplier=0.4)),  # scaling 0.4
+    # learned attention sinks, alternating sliding window, mixture-of-experts MLP
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(head_dim=16, sliding_window=TINY_WINDOW, num_local_experts=4, num_experts_per_tok=2,
+                     layer_types=["sliding_attention", "full_attention"])),
+}
+TINY_FAMILIES = tuple(_TINY_FAMILIES)
+# Query/key projection weights are scaled by this after the random init, so that the tiny models'
+# attention logits reach O(1-10) (at the init scale 0.02 every row is nearly uniform and neither a
+# soft-cap nor a wrong scaling would show).
+_QK_SHARPEN = 6.0
+
+
+def tiny_family_config(family: str, **overrides):
+    """The config of a tiny random model of ``family`` (one of :data:`TINY_FAMILIES`)."""
+    import transformers
+
+    if family not in _TINY_FAMILIES:
+        raise InputError(f"unknown model family {family!r} ({', '.join(TINY_FAMILIES)})")
+    config_name, _, extra = _TINY_FAMILIES[family]
+    return getattr(transformers, config_name)(**{**_TINY_SHAPE, **extra, **overrides})
+
+
+def tiny_family_model(family: str, seed: int = 0, attn_implementation: str | None = None, **overrides):
+    """A tiny random causal LM of ``family`` (float32, eval mode), deterministic given ``seed``.
+
+    ``attn_implementation`` None keeps the family's default (SDPA for most, eager for Gemma 2
+    and gpt-oss).
+    """
+    import torch
+    import transformers
+
+    config = tiny_family_config(family, **overrides)
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = getattr(transformers, _TINY_FAMILIES[family][1])(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                param.mul_(_QK_SHARPEN)
+    model.eval()
+    return model
+
+
+def save_tiny_family_model(directory: str | os.PathLike, family: str, seed: int = 0, **overrides) -> Path:
+    """Write a tiny random ``family`` model (safetensors + config) and a byte tokenizer as a HF directory."""
+    directory = Path(directory)
+    model = tiny_family_model(family, seed, **overrides)
+    model.save_pretrained(directory)
+    byte_tokenizer(model.config.max_position_embeddings).save_pretrained(directory)
+    return directory

@@ -25,6 +25,10 @@ from forcedweight.io import list_parquet_files, open_parquet
 REQUIRED_COLUMNS = ("weights", "values", "value_dim")
 PROVENANCE_COLUMNS = ("model", "text_id", "layer", "head", "kv_head", "query_pos", "n_keys")
 ARRAY_COLUMNS = ("logits", "keys", "query")
+# Optional provenance (null when not applicable): the sliding window W of the row's layer (the row
+# then holds keys query_pos - n_keys + 1 .. query_pos), and the learned sink's share of the model's
+# softmax (gpt-oss; the row's weights are renormalised over its keys).
+OPTIONAL_PROVENANCE_COLUMNS = ("window", "sink_mass")
 
 
 def row_schema(weights_type: pa.DataType = pa.float32(), with_keys: bool = False) -> pa.Schema:
@@ -41,6 +45,8 @@ def row_schema(weights_type: pa.DataType = pa.float32(), with_keys: bool = False
         pa.field("kv_head", pa.int32()),
         pa.field("query_pos", pa.int32()),
         pa.field("n_keys", pa.int32()),
+        pa.field("window", pa.int32()),
+        pa.field("sink_mass", pa.float64()),
     ]
     if with_keys:
         fields += [pa.field(name, pa.list_(weights_type)) for name in ARRAY_COLUMNS]

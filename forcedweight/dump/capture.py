@@ -113,7 +113,8 @@ def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name
     schema = rowsmod.row_schema(pa.float32(), with_keys=with_keys)
     r, t = cap.weights.shape
     d = cap.values.shape[-1]
-    n = cap.positions.astype(np.int64) + 1
+    n = np.asarray(cap.n_keys, dtype=np.int64)
+    k0 = np.asarray(cap.key_start, dtype=np.int64)  # first key of each row (sliding window: > 0)
     # Split the rows so that one batch holds at most _MAX_BATCH_VALUES value elements.
     bounds, acc, start = [], 0, 0
     for i in range(r):
@@ -133,7 +134,8 @@ def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name
             return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa.float32()))
 
         kv = cap.kv_heads[a:b]
-        values = np.concatenate([cap.values[kv[i], : nn[i]].ravel() for i in range(b - a)])
+        ss = k0[a:b]
+        values = np.concatenate([cap.values[kv[i], ss[i] : ss[i] + nn[i]].ravel() for i in range(b - a)])
         cols = {
             "row_id": pa.array(np.arange(first_row_id + a, first_row_id + b, dtype=np.int64)),
             "weights": lists(cap.weights[a:b][keep[a:b]], offs),
@@ -146,9 +148,12 @@ def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name
             "kv_head": pa.array(kv.astype(np.int32)),
             "query_pos": pa.array(cap.positions[a:b].astype(np.int32)),
             "n_keys": pa.array(nn.astype(np.int32)),
+            "window": pa.array([cap.window] * (b - a), pa.int32()),
+            "sink_mass": pa.nulls(b - a, pa.float64()) if cap.sink_mass is None
+            else pa.array(np.asarray(cap.sink_mass[a:b], dtype=np.float64)),
         }
         if with_keys:
-            keys = np.concatenate([cap.keys[kv[i], : nn[i]].ravel() for i in range(b - a)])
+            keys = np.concatenate([cap.keys[kv[i], ss[i] : ss[i] + nn[i]].ravel() for i in range(b - a)])
             cols["logits"] = lists(cap.logits[a:b][keep[a:b]], offs)
             cols["keys"] = lists(keys, offs_d)
             cols["query"] = lists(cap.queries[a:b].ravel(), (np.arange(b - a + 1) * d).astype(np.int32))

@@ -1,10 +1,11 @@
 """Attention rows and their top-s dropped mass, in one pass: a Triton kernel and a PyTorch path.
 
-For each requested query row r (one query vector against the first ``n_keys[r]`` keys of its
-KV head) both paths return
+For each requested query row r (one query vector against the ``n_keys[r]`` keys of its KV head
+that start at key ``key_start[r]``, default 0: a sliding-window row starts later) both paths return
 
-- ``weights[r, :n]``: the float32 softmax of the scaled scores (zero beyond ``n``),
-- ``logits[r, :n]``: the scaled scores ``scaling * <q_r, k_j>`` before the softmax,
+- ``weights[r, :n]``: the float32 softmax of the scores (zero beyond ``n``),
+- ``logits[r, :n]``: the scores before the softmax, ``scaling * <q_r, k_j>``, or with a logit
+  soft-cap ``c`` (Gemma 2) ``c * tanh(scaling * <q_r, k_j> / c)``,
 - ``dropped[r, j]``: the dropped mass of the top-``s_j`` set, ``D = 1 - sum of the s_j largest
   weights``, computed as the sum of the ``n - s_j`` smallest weights (no cancellation when D is
   tiny); 0 when ``s_j >= n``.
@@ -69,6 +70,8 @@ def attention_rows_torch(
     n_keys: torch.Tensor,
     scaling: float,
     s_values: Sequence[int] = (),
+    key_start: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PyTorch path: causal attention rows, their scores and top-s dropped mass.
 
@@ -77,9 +80,12 @@ def attention_rows_torch(
     q : Tensor (R, D), one query vector per row.
     k : Tensor (H_kv, T, D), keys of every KV head (post-RoPE).
     kv_index : Tensor (R,) int, the KV head of each row.
-    n_keys : Tensor (R,) int, keys seen by each row (query position + 1), 1 <= n_keys <= T.
+    n_keys : Tensor (R,) int, keys seen by each row (query position + 1, or the window),
+        1 <= key_start + n_keys <= T.
     scaling : the softmax scale (``head_dim ** -0.5`` for Llama).
     s_values : budgets for the dropped-mass statistics.
+    key_start : Tensor (R,) int or None, first key of each row (None: 0).
+    softcap : attention-logit soft-cap ``c`` or None: scores become ``c * tanh(score / c)``.
 
     Returns
     -------
@@ -96,6 +102,11 @@ def attention_rows_torch(
         sel = torch.nonzero(kv_index == h).flatten()
         if sel.numel():
             logits[sel] = (q[sel] @ k[h].transpose(0, 1)) * scaling
+    if key_start is not None:  # shift each row so that column j holds key key_start + j
+        cols = key_start.to(device=q.device, dtype=torch.long)[:, None] + torch.arange(t, device=q.device)[None, :]
+        logits = torch.gather(logits, 1, cols.clamp(max=t - 1))
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     valid = torch.arange(t, device=q.device)[None, :] < n_keys.to(q.device)[:, None]
     weights = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
     logits = logits.masked_fill(~valid, 0.0)
@@ -112,11 +123,13 @@ if HAVE_TRITON:
         k_ptr,
         kv_ptr,
         n_ptr,
+        start_ptr,
         s_ptr,
         w_ptr,
         l_ptr,
         d_ptr,
         scaling,
+        softcap,
         stride_qr,
         stride_kh,
         stride_kt,
@@ -127,10 +140,15 @@ if HAVE_TRITON:
         BLOCK_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         NS: tl.constexpr,
+        HAS_START: tl.constexpr,
+        HAS_CAP: tl.constexpr,
     ):
         r = tl.program_id(0)
         kvh = tl.load(kv_ptr + r).to(tl.int64)
         n = tl.load(n_ptr + r)
+        k0 = 0
+        if HAS_START:
+            k0 = tl.load(start_ptr + r).to(tl.int64)
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
         q = tl.load(q_ptr + r * stride_qr + offs_d, mask=dmask, other=0.0).to(tl.float32)
@@ -140,11 +158,16 @@ if HAVE_TRITON:
             offs_k = start + tl.arange(0, BLOCK_K)
             kmask = offs_k < n
             kt = tl.load(
-                k_ptr + kvh * stride_kh + offs_k[:, None] * stride_kt + offs_d[None, :],
+                k_ptr + kvh * stride_kh + (k0 + offs_k[:, None]) * stride_kt + offs_d[None, :],
                 mask=kmask[:, None] & dmask[None, :],
                 other=0.0,
             ).to(tl.float32)
             logit = tl.sum(kt * q[None, :], axis=1) * scaling
+            if HAS_CAP:  # c * tanh(x / c), tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp(-2|y|)
+                y = logit / softcap
+                e = tl.exp(-2.0 * tl.abs(y))
+                th = (1.0 - e) / (1.0 + e)
+                logit = tl.where(y < 0, -th, th) * softcap
             tl.store(l_ptr + r * stride_wr + offs_k, logit, mask=kmask)
             m = tl.maximum(m, tl.max(tl.where(kmask, logit, float("-inf")), axis=0))
         tl.debug_barrier()
@@ -170,6 +193,8 @@ def attention_rows_triton(
     scaling: float,
     s_values: Sequence[int] = (),
     block_k: int = 64,
+    key_start: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton kernel: same contract as :func:`attention_rows_torch` (dropped mass summed in float32).
 
@@ -191,16 +216,19 @@ def attention_rows_triton(
         return weights, logits, dropped[:, :ns].to(torch.float64)
     kv_index = kv_index.to(device=device, dtype=torch.int32).contiguous()
     n_keys = n_keys.to(device=device, dtype=torch.int32).contiguous()
+    starts = n_keys if key_start is None else key_start.to(device=device, dtype=torch.int32).contiguous()
     _attention_rows_kernel[(r,)](
         q,
         k,
         kv_index,
         n_keys,
+        starts,
         s_tensor,
         weights,
         logits,
         dropped,
         float(scaling),
+        float(softcap or 1.0),
         q.stride(0),
         k.stride(0),
         k.stride(1),
@@ -211,6 +239,8 @@ def attention_rows_triton(
         BLOCK_K=min(block_k, _next_pow2(t)),
         BLOCK_N=_next_pow2(t),
         NS=ns,
+        HAS_START=key_start is not None,
+        HAS_CAP=softcap is not None,
     )
     return weights, logits, dropped[:, :ns].to(torch.float64)
 
@@ -223,12 +253,14 @@ def attention_rows(
     scaling: float,
     s_values: Sequence[int] = (),
     backend: str = "auto",
+    key_start: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Dispatch: ``"auto"`` takes Triton on CUDA and PyTorch elsewhere; or force ``"torch"``/``"triton"``."""
     if backend == "auto":
         backend = "triton" if (q.is_cuda and HAVE_TRITON) else "torch"
     if backend == "triton":
-        return attention_rows_triton(q, k, kv_index, n_keys, scaling, s_values)
+        return attention_rows_triton(q, k, kv_index, n_keys, scaling, s_values, key_start=key_start, softcap=softcap)
     if backend == "torch":
-        return attention_rows_torch(q, k, kv_index, n_keys, scaling, s_values)
+        return attention_rows_torch(q, k, kv_index, n_keys, scaling, s_values, key_start=key_start, softcap=softcap)
     raise ValueError(f"unknown backend {backend!r} (auto, torch, triton)")
