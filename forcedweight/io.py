@@ -6,11 +6,14 @@
   a dump's sidecar tables; ``open_parquet`` opens one with an error that names it.
 - ``progress`` is the one progress bar of every long step (rich, on stderr).
 - ``command_line`` is the one way a report records the command that produced it.
+- ``output_lock`` holds an exclusive lock (``fcntl.flock`` on ``.<name>.lock`` beside the output)
+  for the whole of a run, so that a second run on the same output is refused, naming the holder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import sys
@@ -50,15 +53,6 @@ def list_parquet_files(path: str | os.PathLike) -> list[Path]:
     if not files:
         raise InputError(f"{path}: directory holds no .parquet files")
     return files
-
-
-def open_parquet(path: Path) -> pq.ParquetFile:
-    """Open a Parquet file or raise an InputError naming it."""
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{path}: not a readable Parquet file ({first})") from None
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:
@@ -112,11 +106,100 @@ def atomic_path(target: str | os.PathLike, suffix: str = ""):
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
     try:
         yield Path(tmp)
+        fsync_file(tmp)
         os.replace(tmp, target)
+        fsync_dir(parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file to disk (so that a rename after it never exposes an empty file)."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory entry (a rename into it) to disk; ignored where unsupported."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def lock_path_for(out: str | os.PathLike) -> Path:
+    """The lock file of an output (file or directory): ``.<name>.lock`` beside it."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+#: locks this process holds (resolved lock path -> depth); a nested ``output_lock`` re-enters
+_HELD: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def output_lock(out: str | os.PathLike, command: str = "run"):
+    """Hold an exclusive lock on ``out``'s work (a file or a directory) for the ``with`` block.
+
+    The lock is ``fcntl.flock`` on ``.<name>.lock`` beside ``out``, holding the holder's pid. A
+    second holder in another process gets an InputError naming the holder's pid; the
+    kernel drops the lock when the holder dies, so a crash never leaves a stale lock. The lock file
+    is removed on exit (while still locked; a waiter that opened the removed file retries). Nested
+    use in the holding process re-enters.
+    """
+    lock = lock_path_for(out)
+    key = str(lock.resolve())
+    if key in _HELD:  # re-entered by this process (e.g. a pipeline step inside a locked pipeline)
+        _HELD[key] += 1
+        try:
+            yield lock
+        finally:
+            _HELD[key] -= 1
+        return
+    parent = lock.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write output ({exc.strerror or exc})") from None
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise InputError(f"{out}: cannot create the lock file {lock} ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise InputError(f"{out}: another {command} is already writing it (pid {holder}; lock {lock}); "
+                             "wait for it to finish or stop it") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file between our open and our lock: take the new one
+    _HELD[key] = 1
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield lock
+    finally:
+        del _HELD[key]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 def write_table_atomic(table: pa.Table, target: str | os.PathLike, row_group_size: int | None = None) -> Path:

@@ -34,7 +34,7 @@ import pyarrow as pa
 from forcedweight.certify.pool import MAX_SUBSETS, pool_best
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import check_output_file, list_parquet_files, open_parquet, write_table_atomic
+from forcedweight.io import check_output_file, list_parquet_files, open_parquet, output_lock, write_table_atomic
 from forcedweight.rows import Row, iter_batches, rows_from_batch
 from forcedweight.core.stats import selector_ratio
 
@@ -170,27 +170,28 @@ def group_voting(
     src, out = Path(rows_path), Path(out)
     if src.is_dir() and src.resolve() in out.resolve().parents:
         raise InputError(f"{out}: output inside the input directory {src} would be read as input")
-    check_output_file(out)
-    sizes = _group_sizes(rows_path)
-    pending: dict[tuple, list[Row]] = {}
-    records: list[dict] = []
-    for file, start, batch in iter_batches(rows_path):
-        for row in rows_from_batch(batch, start, source=str(file)):
-            model = row.extra.get("model")
-            nulls = [c for c in NEEDED if row.extra.get(c) is None]
-            if nulls:
-                raise RowError(row.row_id, f"provenance {', '.join(nulls)} is null", str(file))
-            k = ("" if model is None else str(model), *(int(row.extra[c]) for c in GROUP_KEY[1:]))
-            pending.setdefault(k, []).append(row)
-            if len(pending[k]) == sizes[k]:
-                group = pending.pop(k)
-                records.extend(group_records(dict(zip(GROUP_KEY, k)), group, s_values, pool_mass, pool_error,
-                                              max_subsets, seed, pool_max_subsets))
-    if not records:
-        raise InputError(
-            f"{rows_path}: no KV group has two or more query heads at one query position with N > s "
-            "(dump with --all-positions and every head of a KV group)"
-        )
-    cols = {f.name: [r[f.name] for r in records] for f in OUTPUT_SCHEMA}
-    table = pa.table({name: pa.array(v, type=OUTPUT_SCHEMA.field(name).type) for name, v in cols.items()}, schema=OUTPUT_SCHEMA)
-    return write_table_atomic(table, out)
+    with output_lock(out, "groups"):
+        check_output_file(out)
+        sizes = _group_sizes(rows_path)
+        pending: dict[tuple, list[Row]] = {}
+        records: list[dict] = []
+        for file, start, batch in iter_batches(rows_path):
+            for row in rows_from_batch(batch, start, source=str(file)):
+                model = row.extra.get("model")
+                nulls = [c for c in NEEDED if row.extra.get(c) is None]
+                if nulls:
+                    raise RowError(row.row_id, f"provenance {', '.join(nulls)} is null", str(file))
+                k = ("" if model is None else str(model), *(int(row.extra[c]) for c in GROUP_KEY[1:]))
+                pending.setdefault(k, []).append(row)
+                if len(pending[k]) == sizes[k]:
+                    group = pending.pop(k)
+                    records.extend(group_records(dict(zip(GROUP_KEY, k)), group, s_values, pool_mass, pool_error,
+                                                  max_subsets, seed, pool_max_subsets))
+        if not records:
+            raise InputError(
+                f"{rows_path}: no KV group has two or more query heads at one query position with N > s "
+                "(dump with --all-positions and every head of a KV group)"
+            )
+        cols = {f.name: [r[f.name] for r in records] for f in OUTPUT_SCHEMA}
+        table = pa.table({name: pa.array(v, type=OUTPUT_SCHEMA.field(name).type) for name, v in cols.items()}, schema=OUTPUT_SCHEMA)
+        return write_table_atomic(table, out)

@@ -293,6 +293,9 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
                 chunk_rows: int = 64) -> Path:
     """Certify every (row, s) of a Parquet file/directory into ``out`` (see the module doc).
 
+    The whole run holds ``io.output_lock(out)``: a second run on the same ``out`` is refused
+    (InputError naming the holder's pid) instead of mixing its parts with this one's.
+
     Raises
     ------
     InputError
@@ -310,6 +313,14 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
         raise InputError(f"--workers must be >= 1, got {workers}")
     if chunk_rows < 1:
         raise InputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
+    with fio.output_lock(out, "certify"):
+        return _run_locked(path, out, s_values, options, workers, scheduler, skip_invalid, progress,
+                           chunk_rows)
+
+
+def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, workers: int,
+                scheduler: str | None, skip_invalid: bool, progress: bool, chunk_rows: int) -> Path:
+    """``run_certify`` once the output lock is held."""
     _check_paths(path, out)
 
     def note(msg: str) -> None:

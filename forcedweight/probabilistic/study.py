@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from forcedweight.core.operator import top_s
 from forcedweight.dump import builtin_texts, dump_rows
 from forcedweight.errors import InputError
-from forcedweight.io import list_parquet_files, progress as progress_bar
+from forcedweight.io import list_parquet_files, output_lock, progress as progress_bar
 from forcedweight.probabilistic import study_outputs as so
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
 from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
@@ -395,34 +395,35 @@ def run_study(
     if short:
         raise InputError(f"{rows_dir}: text {short[0].text_id} has {short[0].length} positions; need at least 3")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    records: list[dict] = []
-    with progress_bar("probabilistic study", enabled=progress, transient=True) as bar:
-        task = bar.add_task("trajectories", total=len(trajs))
-        for tr in trajs:
-            records += study_trajectory(tr, cfg)
-            bar.advance(task)
-    rec = _frame(records, RECORD_SCHEMA)
-    comp = _frame(compression_table(trajs, cfg), {
-        "text_id": "Int64", "evict_pos": "Int64", "n_pre": "Int64", "proposal": "Utf8",
-        "target_ratio": "Float64", "groups": "Int64", "seed": "Int64", "m": "Float64",
-        "expected_ratio": "Float64", "effective_ratio": "Float64", "group_ratio_min": "Float64",
-        "group_ratio_max": "Float64", "status": "Utf8"})
-    summary = so.summarise(rec)
-    comp_summary = so.compression_summary(comp)
-    so.write_frame(rec, out, "records")
-    so.write_frame(summary, out, "summary")
-    so.write_frame(comp, out, "compression_draws")
-    if comp_summary.height:
-        so.write_frame(comp_summary, out, "compression")
-    so.figures(summary, comp_summary, out)
-    config_text = (
-        f"compression ratios (evicted fraction) {list(cfg.compression_ratios)}, taus {list(cfg.taus)}, {cfg.seeds} seeds, proposals {list(cfg.proposals)}, "
-        f"eviction at {list(cfg.evict_at)} of each text, temperature {cfg.temperature}, mix {cfg.mix}, "
-        f"GQA-shared proposals: {cfg.share_gqa}."
-    )
-    so.write_report(out, rec, comp_summary, command or "run_study(...)", len(trajs), config_text)
-    return out
+    with output_lock(out, "probabilistic study"):
+        out.mkdir(parents=True, exist_ok=True)
+        records: list[dict] = []
+        with progress_bar("probabilistic study", enabled=progress, transient=True) as bar:
+            task = bar.add_task("trajectories", total=len(trajs))
+            for tr in trajs:
+                records += study_trajectory(tr, cfg)
+                bar.advance(task)
+        rec = _frame(records, RECORD_SCHEMA)
+        comp = _frame(compression_table(trajs, cfg), {
+            "text_id": "Int64", "evict_pos": "Int64", "n_pre": "Int64", "proposal": "Utf8",
+            "target_ratio": "Float64", "groups": "Int64", "seed": "Int64", "m": "Float64",
+            "expected_ratio": "Float64", "effective_ratio": "Float64", "group_ratio_min": "Float64",
+            "group_ratio_max": "Float64", "status": "Utf8"})
+        summary = so.summarise(rec)
+        comp_summary = so.compression_summary(comp)
+        so.write_frame(rec, out, "records")
+        so.write_frame(summary, out, "summary")
+        so.write_frame(comp, out, "compression_draws")
+        if comp_summary.height:
+            so.write_frame(comp_summary, out, "compression")
+        so.figures(summary, comp_summary, out)
+        config_text = (
+            f"compression ratios (evicted fraction) {list(cfg.compression_ratios)}, taus {list(cfg.taus)}, {cfg.seeds} seeds, proposals {list(cfg.proposals)}, "
+            f"eviction at {list(cfg.evict_at)} of each text, temperature {cfg.temperature}, mix {cfg.mix}, "
+            f"GQA-shared proposals: {cfg.share_gqa}."
+        )
+        so.write_report(out, rec, comp_summary, command or "run_study(...)", len(trajs), config_text)
+        return out
 
 
 def truncate_text(text: str, max_chars: int) -> str:
@@ -455,6 +456,7 @@ def dump_and_study(
         raise InputError(f"--max-chars: must be >= 16, got {max_chars}")
     chosen = [truncate_text(t, max_chars) for t in (texts or builtin_texts())[:n_texts]]
     rows = Path(out_dir) / "rows"
-    dump_rows(model, chosen, rows, layers=layers, heads=heads, all_positions=True, with_keys=True,
-              progress=progress)
-    return run_study(rows, out_dir, cfg, command=command, progress=progress)
+    with output_lock(out_dir, "probabilistic study"):
+        dump_rows(model, chosen, rows, layers=layers, heads=heads, all_positions=True, with_keys=True,
+                  progress=progress)
+        return run_study(rows, out_dir, cfg, command=command, progress=progress)
