@@ -7,9 +7,12 @@ keys from its own ``DynamicCache``, and float64 NumPy re-statements of kvpress 0
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
+from transformers.cache_utils import DynamicCache
 
 from forcedweight.core.operator import top_s
 from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
@@ -47,10 +50,10 @@ def eager(model, context_ids):
     model.config._attn_implementation = "eager"
     try:
         with torch.no_grad():
-            out = model(context_ids, output_attentions=True, use_cache=True)
+            cache = DynamicCache(config=model.config)
+            out = model(context_ids, output_attentions=True, use_cache=True, cache=cache)
     finally:
         model.config._attn_implementation = previous
-    cache = out.past_key_values
     attn = [a[0].double().numpy() for a in out.attentions]
     keys = [layer.keys[0].double().numpy() for layer in cache.layers]
     vals = [layer.values[0].double().numpy() for layer in cache.layers]
@@ -211,3 +214,62 @@ def test_tova_twin_keeps_the_selector_set_on_one_segment():
     twin = TOVA(recent=1).padded_score(row)  # kvpress keeps the last entry; TOVA's row is the last query
     for s in (1, 5, 20, 39):
         np.testing.assert_array_equal(top_s(sc, s), top_s(twin, s))
+
+
+@pytest.fixture(scope="module")
+def layer_inputs(model, context_ids):
+    """Each attention layer's input hidden states (1, N, D), caught by forward pre-hooks (eager run)."""
+    caught = {}
+
+    def hook(module, args, kwargs):
+        caught[module.layer_idx] = kwargs["hidden_states"].detach().double()
+
+    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(context_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return caught
+
+
+@torch.no_grad()
+def _kvpress_expected_attention(model, layer, hidden, keys, values, n_sink=4, n_future=512):
+    """kvpress 0.5.5 ExpectedAttentionPress.score, float64 (pre-RoPE queries from q_proj of the layer input)."""
+    attn = model.model.layers[layer].self_attn
+    H, d = model.config.num_attention_heads, attn.head_dim
+    q_len = hidden.shape[1]
+    h = hidden[:, n_sink:]
+    qs = (h @ attn.q_proj.weight.double().T).view(1, -1, H, d).transpose(1, 2)
+    mu = qs.mean(dim=2, keepdim=True)
+    c = qs - mu
+    cov = torch.einsum("bnsi,bnsj->bnij", c, c) / h.shape[1]
+    mu = mu.squeeze(2)
+    pos = torch.arange(q_len, q_len + n_future).unsqueeze(0)
+    cos, sin = model.model.rotary_emb(mu.float(), pos)
+    cos, sin = cos[0].double(), sin[0].double()
+    Id = torch.eye(d, dtype=torch.float64)
+    P = torch.zeros((d, d), dtype=torch.float64)
+    P[d // 2:, : d // 2], P[: d // 2, d // 2:] = torch.eye(d // 2), -torch.eye(d // 2)
+    R = (cos.unsqueeze(1) * Id + sin.unsqueeze(1) * P).mean(dim=0)
+    mu = torch.matmul(mu, R.T)
+    cov = torch.matmul(R, torch.matmul(cov, R.T))
+    k = torch.tensor(keys)[None, :, n_sink:]
+    v = torch.tensor(values)[None, :, n_sink:]
+    g = H // k.shape[1]
+    kk = k.repeat_interleave(g, dim=1).transpose(2, 3)
+    s = torch.matmul(mu.unsqueeze(2), kk).squeeze(2) / math.sqrt(d)
+    s = s + torch.einsum("bhin, bhij, bhjn->bhn", kk, cov, kk) / d / 2
+    s = torch.softmax(s, dim=-1).view(1, k.shape[1], g, -1).mean(dim=2)
+    s = s * v.norm(dim=-1)
+    return torch.nn.functional.pad(s, (n_sink, 0), value=s.max().item() + 1)[0].numpy()
+
+
+def test_expected_attention_equals_kvpress(prefill, eager, layer_inputs, model):
+    _, keys, vals, _ = eager
+    sc = make_policy("expected_attention").score(prefill)
+    for layer in range(2):
+        ref = _kvpress_expected_attention(model, layer, layer_inputs[layer], keys[layer], vals[layer])
+        np.testing.assert_allclose(sc[layer], ref, rtol=1e-5, atol=1e-7)  # float32 queries/keys in the model
+        assert not np.allclose(sc[layer][0], sc[layer][1])
