@@ -24,7 +24,7 @@ SCHEMA = pa.schema([("context", pa.string()), ("question", pa.string()), ("answe
                     ("id", pa.string())])
 
 
-def _kind(path: Path) -> str:
+def task_file_kind(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return "parquet"
@@ -36,7 +36,7 @@ def _kind(path: Path) -> str:
 def write_tasks(examples: list[dict], out: str | os.PathLike) -> Path:
     """Write examples (dicts with :data:`COLUMNS`) atomically as JSON lines or Parquet (by suffix)."""
     out = Path(out)
-    kind = _kind(out)
+    kind = task_file_kind(out)
     fio.check_output_file(out)
     if kind == "parquet":
         table = pa.table({c: [e[c] for e in examples] for c in COLUMNS}, schema=SCHEMA)
@@ -49,7 +49,7 @@ def write_tasks(examples: list[dict], out: str | os.PathLike) -> Path:
 
 
 def _records(path: Path) -> list[dict]:
-    if _kind(path) == "parquet":
+    if task_file_kind(path) == "parquet":
         try:
             return pq.read_table(path).to_pylist()
         except (pa.ArrowInvalid, OSError) as exc:

@@ -1,0 +1,41 @@
+"""``forcedweight tasks``: write RULER-style and continuation task files offline (thin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def tasks(
+    model: str = typer.Option("smollm2", "--model", help="Model whose tokenizer measures the lengths."),
+    kinds: List[str] = typer.Option(..., "--kinds", help="Task kinds, comma-separated or repeated (niah_single_1, ..., vt, cwe, fwe, continuation)."),
+    tokens: int = typer.Option(1000, "--tokens", help="Target length in tokens (context + question + answer prefix)."),
+    n: int = typer.Option(12, "--n", help="Examples per kind."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Override RULER's generation length."),
+    out: Path = typer.Option(..., "--out", help="Output file (.jsonl or .parquet), written atomically."),
+) -> None:
+    """Seeded synthetic examples in kvpress's dataset columns."""
+    from forcedweight.deploy.tasks import ALL_KINDS, write_task_file
+    from forcedweight.deploy.tasks.files import task_file_kind
+    from forcedweight.errors import InputError
+    from forcedweight.io import check_output_file
+    from forcedweight.models import load_model
+
+    names = [k.strip() for item in kinds for k in item.split(",") if k.strip()]
+    for k in names:
+        if k not in ALL_KINDS:
+            raise InputError(f"--kinds: unknown task kind {k!r} (known: {', '.join(ALL_KINDS)})")
+    task_file_kind(out)
+    check_output_file(out)
+    typer.echo(f"loading tokenizer of {model} ...", err=True)
+    loaded = load_model(model)
+    if loaded.tokenizer is None:
+        raise InputError(f"--model {model}: no tokenizer found")
+    typer.echo(str(write_task_file(loaded.tokenizer, names, tokens, n, out, seed, max_new_tokens)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tasks")(tasks)
