@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight import io as fio
+from forcedweight import models
 from forcedweight import rows as rowsmod
 from forcedweight.dump.hook import LayerCapture, LayerPlan, Recorder, run_capture
 from forcedweight.errors import InputError
@@ -247,8 +248,6 @@ def dump_rows(
     skipped); a directory holding a dump made with other options is refused.
     """
     import torch
-
-    from forcedweight import models
 
     out_dir = Path(out_dir)
     texts = list(texts)
