@@ -36,12 +36,11 @@ def candidate_pool(p, V, s: int, pool_mass: int = 12, pool_error: int = 8) -> np
     n = p.shape[0]
     if pool_mass < 0 or pool_error < 0:
         raise ValueError("pool_mass and pool_error must be >= 0")
-    order = np.arange(n)
-    by_mass = np.lexsort((order, -p))[: min(n, s + pool_mass)]
+    by_mass = op.rank_order(p)[: min(n, s + pool_mass)]
     parts = [by_mass]
     if pool_error > 0:
         e = op.single_key_errors(p, V)
-        by_err = np.lexsort((order, -e))[: min(n, pool_error)]
+        by_err = op.rank_order(e)[: min(n, pool_error)]
         parts.append(by_err)
     return np.unique(np.concatenate(parts)).astype(np.int64)
 

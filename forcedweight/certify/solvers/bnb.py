@@ -347,7 +347,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     if s == N:
         S = np.arange(N, dtype=np.int64)
         return SolverResult(0.0, S, 0.0, True, "bnb", time.perf_counter() - t0, 0.0, {"nodes": 0})
-    order = np.lexsort((np.arange(N), -p))
+    order = op.rank_order(p)  # keys by mass, ties to the lower index
     rank = np.empty(N, dtype=np.int64)
     rank[order] = np.arange(N)
     A_keys = op.centred_contributions(p, V)
