@@ -332,7 +332,7 @@ def dump_rows(
     # Shards are written by one background thread while the model runs the next layers (pyarrow
     # releases the GIL); at most a few captured layers wait in memory.
     pending: list = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forcedweight-dump") as pool, _progress(progress) as bar:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forcedweight-dump") as pool, fio.progress("dump", enabled=progress) as bar:
         task = bar.add_task("dump", total=len(texts))
         for text_id, ids in enumerate(token_ids):
             bar.update(task, description=f"text {text_id} ({len(ids)} tokens)")
@@ -376,19 +376,3 @@ def _write_layer(out_dir: Path, cap: LayerCapture, text_id: int, first_row_id: i
         with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=["model"]) as writer:
             for batch in batches:
                 writer.write_batch(batch)
-
-
-def _progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("[bold]dump[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=False,
-    )
