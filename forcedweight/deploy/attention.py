@@ -4,11 +4,13 @@ With a :class:`~forcedweight.deploy.ragged_cache.RaggedKVCache` the layer's ``up
 :class:`~forcedweight.deploy.ragged_cache.RaggedKV` view instead of dense tensors, and this function
 computes attention on it:
 
-- decode (query length 1): :func:`forcedweight.kernels.ragged_decode` over the packed segments
-  (Triton on CUDA, PyTorch on CPU), bias included;
+- decode (query length 1): :func:`forcedweight.kernels.segment_decode` over the segments in place in
+  the cache's buffers (Triton on CUDA, PyTorch on CPU: a strided view when the layout is uniform),
+  bias included; nothing proportional to the entries held is copied;
 - prefill / several new tokens: causal attention with torch SDPA. With an empty past this is plain
-  causal attention over the prompt; after a past exists, each segment's kept entries (with their bias)
-  are padded to a common length and masked, and new token ``i`` also sees new tokens ``<= i``.
+  causal attention over the new tokens' states; after a past exists, each segment's kept entries (with
+  their bias) are gathered, padded to a common length and masked, and new token ``i`` also sees new
+  tokens ``<= i``.
 
 Without a ragged cache (dense tensors) it falls back to transformers' SDPA attention. Padding masks are
 not supported (transformers builds no mask for a custom attention name): batch only equal-length prompts.
@@ -22,7 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.deploy.ragged_cache import RaggedKV
-from forcedweight.kernels import ragged_decode
+from forcedweight.kernels import segment_decode
 
 ATTENTION_NAME = "forcedweight_ragged"
 
@@ -47,10 +49,10 @@ def ragged_attention_forward(module, query, key, value, attention_mask, scaling=
     B, Hq, L, D = query.shape
     scale = D**-0.5 if scaling is None else scaling
     if L == 1:
-        out, _ = ragged_decode(
-            query[:, :, 0, :], view.k, view.v, view.indptr, view.bias, sm_scale=scale,
-            check_indptr=False, max_len=view.max_len,  # the cache built indptr: no host read needed
-            backend=getattr(getattr(module, "config", None), "ragged_decode_backend", None),
+        out, _ = segment_decode(
+            query[:, :, 0, :], view.k, view.v, view.starts, view.lengths, view.bias, sm_scale=scale,
+            check=False, host=(view.host_starts, view.host_lengths),  # the cache built the extents
+            max_len=view.max_len, backend=getattr(getattr(module, "config", None), "ragged_decode_backend", None),
         )
         return out.to(query.dtype).unsqueeze(1), None
     return _prefill(query, view, scale), None
@@ -62,34 +64,32 @@ def _prefill(query, view: RaggedKV, scale: float):
     S, Hkv = view.batch * view.kv_heads, view.kv_heads
     G = Hq // Hkv
     Dv = view.v.shape[1]
-    lengths = view.indptr[1:] - view.indptr[:-1]  # past + L per segment
-    past = lengths - L
-    P = view.max_len - L if S else 0
+    P = view.max_len - L  # the longest past
+    if P == 0:  # no past anywhere (a prompt): plain causal attention over the new states
+        out = F.scaled_dot_product_attention(query, view.new_k.to(query.dtype), view.new_v.to(query.dtype),
+                                             is_causal=True, scale=scale, enable_gqa=G > 1)
+        return out.transpose(1, 2).contiguous()
     dev = query.device
+    past = view.lengths - L  # [S]
     # padded [S, P + L] slots: past entries left-aligned in [0, past_s), new tokens at [P, P + L)
     slot = torch.arange(P + L, device=dev)
     pos_in_seg = torch.where(slot[None, :] < P, slot[None, :], slot[None, :] - P + past[:, None])  # [S, P+L]
     valid = (slot[None, :] < past[:, None]) | (slot[None, :] >= P)
-    src = (view.indptr[:-1, None] + pos_in_seg).clamp_max(max(view.k.shape[0] - 1, 0))
+    src = torch.where(valid, view.starts[:, None] + pos_in_seg, 0)
     flat = src.reshape(-1)
     kp = view.k.index_select(0, flat).view(S, P + L, D).masked_fill(~valid[..., None], 0)  # [S, P+L, D]
     vp = view.v.index_select(0, flat).view(S, P + L, Dv).masked_fill(~valid[..., None], 0)
     q = query.reshape(S, G, L, D)
-    if P == 0:
-        out = F.scaled_dot_product_attention(
-            q, kp[:, None].expand(S, G, L, D), vp[:, None].expand(S, G, L, Dv), is_causal=True, scale=scale
-        )
-    else:
-        causal = slot[None, :] <= (P + torch.arange(L, device=dev))[:, None]  # [L, P+L]
-        allowed = valid[:, None, :] & causal[None]  # [S, L, P+L]
-        mask = torch.zeros(S, L, P + L, dtype=query.dtype, device=dev)
-        if view.bias is not None:
-            mask = mask + view.bias[src].masked_fill(~valid, 0).to(query.dtype)[:, None, :]
-        mask = mask.masked_fill(~allowed, float("-inf"))
-        out = F.scaled_dot_product_attention(
-            q, kp[:, None].expand(S, G, P + L, D), vp[:, None].expand(S, G, P + L, Dv),
-            attn_mask=mask[:, None], scale=scale,
-        )
+    causal = slot[None, :] <= (P + torch.arange(L, device=dev))[:, None]  # [L, P+L]
+    allowed = valid[:, None, :] & causal[None]  # [S, L, P+L]
+    mask = torch.zeros(S, L, P + L, dtype=query.dtype, device=dev)
+    if view.bias is not None:
+        mask = mask + view.bias[flat].view(S, P + L).masked_fill(~valid, 0).to(query.dtype)[:, None, :]
+    mask = mask.masked_fill(~allowed, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, kp[:, None].expand(S, G, P + L, D), vp[:, None].expand(S, G, P + L, Dv),
+        attn_mask=mask[:, None], scale=scale,
+    )
     return out.reshape(B, Hq, L, Dv).transpose(1, 2).contiguous()
 
 

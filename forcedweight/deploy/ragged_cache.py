@@ -1,25 +1,39 @@
 """``RaggedKVCache``: a transformers ``Cache`` holding, per layer, the kept K/V of every (batch, KV head)
-segment packed back to back, each with its own length.
+segment with its own length, in one buffer per layer with spare capacity per segment.
 
-Per layer: keys ``k`` [T, D], values ``v`` [T, Dv], ``indptr`` [B*Hkv + 1] int64 (segment ``b*Hkv + h``
-is ``k[indptr[s]:indptr[s+1]]``, entries in token order) and an optional float32 ``bias`` [T] per entry
-(0 for appended entries). ``update`` appends the new tokens to every segment by rebuilding the packed
-tensors (exact storage, no spare capacity); ``evict`` compacts segments to kept index sets into new
-tensors so the old storage is released. ``get_seq_length`` counts tokens processed, not entries held,
-so positions (RoPE) stay right after eviction.
+Layout per layer (``S = B*Hkv`` segments): buffers ``k`` [C, D], ``v`` [C, Dv] and an optional float32
+``bias`` [C] (0 for appended entries); segment ``s = b*Hkv + h`` occupies rows ``starts[s] ..
+starts[s] + caps[s] - 1``, of which the first ``lengths[s]`` hold its entries in token order and the rest
+is spare capacity (never read). Why extents with a shared spare rather than pages: docs/ragged.md.
 
-``update`` returns a :class:`RaggedKV` view (as both "keys" and "values"): the attention function
-registered in :mod:`forcedweight.deploy.attention` consumes it.
+- ``update`` (append L tokens to every segment) writes the new rows in place: O(new tokens). When a
+  segment's spare runs out, the layer is laid out again with ``spare = max(min_spare, ceil(growth *
+  mean length))`` rows per segment. Every segment grows by the same L per step, so all of them run out
+  together; one relayout copies the entries held once, every ``spare / L`` steps: amortised
+  ``1 / growth`` row copies per appended row, and the slack stays about ``growth`` of the held bytes.
+- ``evict`` gathers each segment's kept entries into new, compact buffers (the old storage is released)
+  with ``floor(growth * mean kept)`` spare rows per segment.
+- An unevicted layer, or one evicted to the same budget everywhere, has equal lengths and capacities:
+  its segments are one strided ``[S, cap, D]`` view (the decode path needs no per-segment work).
+
+``get_seq_length`` counts tokens processed, not entries held, so positions (RoPE) stay right after
+eviction. ``update`` returns a :class:`RaggedKV` view (as both "keys" and "values") that the attention
+function of :mod:`forcedweight.deploy.attention` consumes.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from forcedweight.errors import InputError
+
+GROWTH = 1 / 64  # spare capacity per segment, as a fraction of the mean segment length
+MIN_SPARE = 8  # spare rows per segment at least, when a segment runs out (relayouts at most every 8 steps)
 
 
 @dataclass
@@ -28,22 +42,30 @@ class RaggedKV:
 
     Attributes
     ----------
-    k, v : Tensor [T, D], [T, Dv] packed segments after the append (new tokens included).
-    indptr : Tensor [B*Hkv + 1] int64.
-    bias : Tensor [T] float32 or None.
+    k, v : Tensor [C, D], [C, Dv], the layer's buffers after the append (spare rows included).
+    starts, lengths : Tensor [B*Hkv] int64 on the cache's device (lengths after the append).
+    host_starts, host_lengths : the same as Python lists (no device read needed to launch or slice).
+    bias : Tensor [C] float32 or None.
     new_len : int, tokens appended by this update (the query length L).
     batch, kv_heads : int.
-    max_len : int, the longest segment (known on the host: launching the kernel needs no device sync).
+    max_len : int, the longest segment.
+    new_k, new_v : Tensor [B, Hkv, L, D] / [B, Hkv, L, Dv], the appended states (a prefill over an empty
+        past attends them directly).
     """
 
     k: torch.Tensor
     v: torch.Tensor
-    indptr: torch.Tensor
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    host_starts: list
+    host_lengths: list
     bias: torch.Tensor | None
     new_len: int
     batch: int
     kv_heads: int
     max_len: int
+    new_k: torch.Tensor
+    new_v: torch.Tensor
 
 
 def physical_bytes(tensors) -> int:
@@ -61,28 +83,53 @@ def physical_bytes(tensors) -> int:
     return total
 
 
+def _uniform_stride(starts, lengths, caps):
+    """The common capacity W when all segments have equal length and capacity and ``starts[s] = s*W``."""
+    w, n = caps[0], lengths[0]
+    if all(c == w for c in caps) and all(x == n for x in lengths) and all(s == i * w for i, s in enumerate(starts)):
+        return w
+    return None
+
+
 class RaggedLayer(CacheLayerMixin):
-    """One layer of :class:`RaggedKVCache` (see the module docstring for the layout)."""
+    """One layer of :class:`RaggedKVCache` (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    growth : spare rows per segment as a fraction of the mean segment length (slack ≈ growth).
+    min_spare : spare rows per segment at least when a relayout is forced by an append.
+    """
 
     is_compileable = False
     is_croppable = False
     is_sliding = False
 
-    def __init__(self, **kwargs):
+    def __init__(self, growth: float = GROWTH, min_spare: int = MIN_SPARE, **kwargs):
         super().__init__()
-        self.k = self.v = self.indptr = self.bias = self.host_lengths = None
+        if not growth >= 0 or min_spare < 1:
+            raise InputError(f"RaggedKVCache: growth must be >= 0 and min_spare >= 1, got {growth}, {min_spare}")
+        self.growth, self.min_spare = float(growth), int(min_spare)
+        self.relayouts = 0
+        self._clear()
+
+    def _clear(self):
+        self.k = self.v = self.bias = None
+        self.starts_t = self.lengths_t = None  # device copies (what the Triton kernel reads)
+        self.starts, self.lengths_h, self.caps = [], [], []
+        self.stride = None  # common capacity of a uniform layout, else None
         self.batch = self.kv_heads = 0
         self.seen = 0
 
     # --- transformers CacheLayerMixin API -------------------------------------------------------
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hkv, _, D = key_states.shape
+        S = B * Hkv
         self.device = key_states.device
         self.batch, self.kv_heads = B, Hkv
         self.k = key_states.new_empty(0, D)
         self.v = value_states.new_empty(0, value_states.shape[-1])
-        self.indptr = torch.zeros(B * Hkv + 1, dtype=torch.int64, device=self.device)
-        self.host_lengths = torch.zeros(B * Hkv, dtype=torch.int64)  # a CPU copy of the segment lengths
+        self.starts, self.lengths_h, self.caps = [0] * S, [0] * S, [0] * S
+        self._sync_metadata()
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -97,28 +144,26 @@ class RaggedLayer(CacheLayerMixin):
             raise ValueError(
                 f"RaggedKVCache: update with batch/heads {(B, Hkv)}, cache holds {(self.batch, self.kv_heads)}"
             )
-        S = B * Hkv
-        lengths = self.indptr[1:] - self.indptr[:-1]
-        host_new = self.host_lengths + L
-        T_new = int(host_new.sum())  # host arithmetic: no device sync on CUDA
-        new_indptr = torch.zeros_like(self.indptr)
-        new_indptr[1:] = torch.cumsum(lengths + L, 0)
-        seg = torch.repeat_interleave(torch.arange(S, device=self.device), lengths, output_size=self.k.shape[0])
-        old_dest = torch.arange(self.k.shape[0], device=self.device) + seg * L
-        new_dest = (new_indptr[1:, None] - L + torch.arange(L, device=self.device)).reshape(-1)
-        k = self.k.new_empty(T_new, D)
-        v = self.v.new_empty(T_new, value_states.shape[-1])
-        k[old_dest] = self.k
-        v[old_dest] = self.v
-        k[new_dest] = key_states.reshape(S * L, D).to(k.dtype)
-        v[new_dest] = value_states.reshape(S * L, -1).to(v.dtype)
-        if self.bias is not None:
-            bias = torch.zeros(T_new, dtype=torch.float32, device=self.device)
-            bias[old_dest] = self.bias
-            self.bias = bias
-        self.k, self.v, self.indptr, self.host_lengths = k, v, new_indptr, host_new
+        S, Dv = B * Hkv, value_states.shape[-1]
+        if any(n + L > c for n, c in zip(self.lengths_h, self.caps)):
+            spare = max(self.min_spare, math.ceil(self.growth * (sum(self.lengths_h) / S + L)))
+            self._relayout([n + L + spare for n in self.lengths_h])
+        new_k = key_states.reshape(S, L, D)
+        new_v = value_states.reshape(S, L, Dv)
+        if self.stride is not None:  # uniform: one strided write
+            n, w = self.lengths_h[0], self.stride
+            self.k[:S * w].view(S, w, D)[:, n:n + L].copy_(new_k)
+            self.v[:S * w].view(S, w, Dv)[:, n:n + L].copy_(new_v)
+        else:
+            rows = ((self.starts_t + self.lengths_t)[:, None] + torch.arange(L, device=self.device)).reshape(-1)
+            self.k.index_copy_(0, rows, new_k.reshape(S * L, D).to(self.k.dtype))
+            self.v.index_copy_(0, rows, new_v.reshape(S * L, Dv).to(self.v.dtype))
+        # spare rows of the bias buffer are zero since allocation: appended entries have bias 0
+        self.lengths_h = [n + L for n in self.lengths_h]
+        self.lengths_t.add_(L)
         self.seen += L
-        view = RaggedKV(self.k, self.v, self.indptr, self.bias, L, B, Hkv, int(host_new.max()))
+        view = RaggedKV(self.k, self.v, self.starts_t, self.lengths_t, self.starts, self.lengths_h, self.bias, L,
+                        B, Hkv, max(self.lengths_h), key_states, value_states)
         return view, view
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -131,8 +176,7 @@ class RaggedLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.k = self.v = self.indptr = self.bias = self.host_lengths = None
-        self.seen = 0
+        self._clear()
         self.is_initialized = False
 
     def offload(self):
@@ -147,67 +191,136 @@ class RaggedLayer(CacheLayerMixin):
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("RaggedKVCache cannot be cropped")
 
+    # --- storage ----------------------------------------------------------------------------------
+    def _sync_metadata(self):
+        self.starts_t = torch.tensor(self.starts, dtype=torch.int64, device=self.device)
+        self.lengths_t = torch.tensor(self.lengths_h, dtype=torch.int64, device=self.device)
+        self.stride = _uniform_stride(self.starts, self.lengths_h, self.caps)
+
+    def _allocate(self, caps):
+        """New buffers for capacities ``caps`` (bias zero-filled); returns (k, v, bias, starts)."""
+        starts, c = [], 0
+        for cap in caps:
+            starts.append(c)
+            c += cap
+        k = self.k.new_empty(c, self.k.shape[1])
+        v = self.v.new_empty(c, self.v.shape[1])
+        bias = None if self.bias is None else torch.zeros(c, dtype=torch.float32, device=self.device)
+        return k, v, bias, starts
+
+    def _relayout(self, caps) -> None:
+        """Move every segment's entries into new buffers with capacities ``caps`` (O(entries held))."""
+        k, v, bias, starts = self._allocate(caps)
+        S, lengths = len(caps), self.lengths_h
+        w_new = caps[0] if all(c == caps[0] for c in caps) else None
+        if self.stride is not None and w_new is not None:  # uniform to uniform: one strided copy each
+            n, w = lengths[0], self.stride
+            pairs = [(k, self.k), (v, self.v)] + ([(bias, self.bias)] if bias is not None else [])
+            pairs = pairs if n > 0 else []
+            for new, old in pairs:
+                shape = (S, -1) if new.dim() == 1 else (S, -1, new.shape[1])
+                new[:S * w_new].view(*shape)[:, :n].copy_(old[:S * w].view(*shape)[:, :n])
+        else:
+            for s0_new, s0, n in zip(starts, self.starts, lengths):
+                k[s0_new:s0_new + n] = self.k[s0:s0 + n]
+                v[s0_new:s0_new + n] = self.v[s0:s0 + n]
+                if bias is not None:
+                    bias[s0_new:s0_new + n] = self.bias[s0:s0 + n]
+        self.k, self.v, self.bias, self.starts, self.caps = k, v, bias, starts, list(caps)
+        self._sync_metadata()
+        self.relayouts += 1
+
     # --- ragged API ------------------------------------------------------------------------------
     @property
     def lengths(self) -> torch.Tensor:
         """Entries held per segment, [B*Hkv] int64 (a CPU tensor)."""
-        return self.host_lengths.clone()
+        return torch.tensor(self.lengths_h, dtype=torch.int64)
 
     def segment(self, b: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys [n, D] and values [n, Dv] held for batch ``b``, KV head ``h``."""
+        """Keys [n, D] and values [n, Dv] held for batch ``b``, KV head ``h`` (views)."""
         s = b * self.kv_heads + h
-        s0, s1 = int(self.indptr[s]), int(self.indptr[s + 1])
-        return self.k[s0:s1], self.v[s0:s1]
+        s0, n = self.starts[s], self.lengths_h[s]
+        return self.k[s0:s0 + n], self.v[s0:s0 + n]
+
+    def segment_bias(self, b: int, h: int) -> torch.Tensor | None:
+        """The float32 bias [n] of batch ``b``, KV head ``h`` (a view), or None when the layer has none."""
+        if self.bias is None:
+            return None
+        s = b * self.kv_heads + h
+        s0, n = self.starts[s], self.lengths_h[s]
+        return self.bias[s0:s0 + n]
 
     def evict(self, keep, bias=None) -> None:
-        """Compact every segment to its kept entries, into new tensors (the old storage is freed).
+        """Compact every segment to its kept entries, into new buffers (the old storage is freed).
 
         Parameters
         ----------
         keep : list of B*Hkv index tensors (positions within each segment, segment ``b*Hkv + h``), or a
-            tensor [B, Hkv, s] of per-segment indices. Indices are sorted and must be distinct.
+            tensor [B, Hkv, s] of per-segment indices. Indices must be distinct; they are sorted.
         bias : optional float32 bias per kept entry, in the same layout as ``keep`` (list of tensors or
             [B, Hkv, s]); replaces the layer's bias. Without it an existing bias follows its entries.
         """
         S = self.batch * self.kv_heads
         keep_list = _as_list(keep, self.batch, self.kv_heads, "keep")
         bias_list = None if bias is None else _as_list(bias, self.batch, self.kv_heads, "bias")
-        lengths = self.lengths.tolist()
-        gathered, kept_bias = [], []
+        src, kept_bias, counts = [], [], []
         for s in range(S):
-            idx = torch.as_tensor(keep_list[s], device=self.device).to(torch.int64).reshape(-1)
-            order = torch.argsort(idx)
-            idx = idx[order]
-            if idx.numel() and (int(idx[0]) < 0 or int(idx[-1]) >= lengths[s]):
-                raise InputError(f"evict: segment {s} holds {lengths[s]} entries, keep has index out of range")
+            idx = torch.as_tensor(keep_list[s]).to(device=self.device, dtype=torch.int64).reshape(-1)
+            idx, order = torch.sort(idx)
+            n = self.lengths_h[s]
+            if idx.numel() and (int(idx[0]) < 0 or int(idx[-1]) >= n):
+                raise InputError(f"evict: segment {s} holds {n} entries, keep has index out of range")
             if idx.numel() > 1 and bool((idx[1:] == idx[:-1]).any()):
                 raise InputError(f"evict: segment {s}: repeated index in keep")
-            gathered.append(idx + self.indptr[s])
+            src.append(idx + self.starts[s])
+            counts.append(idx.numel())
             if bias_list is not None:
-                b = torch.as_tensor(bias_list[s], device=self.device).float().reshape(-1)
+                b = torch.as_tensor(bias_list[s]).to(device=self.device, dtype=torch.float32).reshape(-1)
                 if b.numel() != idx.numel():
                     raise InputError(f"evict: segment {s}: bias has {b.numel()} entries, keep has {idx.numel()}")
                 kept_bias.append(b[order])
-        flat = torch.cat(gathered) if gathered else torch.zeros(0, dtype=torch.int64, device=self.device)
-        self.host_lengths = torch.tensor([g.numel() for g in gathered], dtype=torch.int64)
-        new_indptr = torch.zeros_like(self.indptr)
-        new_indptr[1:] = torch.cumsum(self.host_lengths.to(self.device), 0)
-        # index_select allocates new, exactly sized tensors; dropping the old references frees them
-        self.k = self.k.index_select(0, flat).contiguous()
-        self.v = self.v.index_select(0, flat).contiguous()
+        spare = math.floor(self.growth * sum(counts) / max(S, 1))
+        if bias_list is not None and self.bias is None:
+            self.bias = torch.zeros(0, dtype=torch.float32, device=self.device)  # so _allocate makes one
+        k, v, new_bias, starts = self._allocate([n + spare for n in counts])
+        dst = torch.cat([torch.arange(s0, s0 + n, device=self.device) for s0, n in zip(starts, counts)])
+        flat = torch.cat(src)
+        k.index_copy_(0, dst, self.k.index_select(0, flat))
+        v.index_copy_(0, dst, self.v.index_select(0, flat))
         if bias_list is not None:
-            self.bias = torch.cat(kept_bias).contiguous()
-        elif self.bias is not None:
-            self.bias = self.bias.index_select(0, flat).contiguous()
-        self.indptr = new_indptr
+            new_bias.index_copy_(0, dst, torch.cat(kept_bias))
+        elif new_bias is not None:
+            new_bias.index_copy_(0, dst, self.bias.index_select(0, flat))
+        # dropping the references to the old buffers frees them
+        self.k, self.v, self.bias, self.starts = k, v, new_bias, starts
+        self.lengths_h, self.caps = counts, [n + spare for n in counts]
+        self._sync_metadata()
 
-    def physical_bytes(self) -> int:
-        return physical_bytes([self.k, self.v, self.indptr, self.bias])
+    def entries(self) -> int:
+        return sum(self.lengths_h)
 
-    def nominal_bytes(self) -> int:
+    def entry_bytes(self) -> int:
+        """Bytes of one entry's K and V (the nominal size of an entry)."""
         if self.k is None:
             return 0
-        return self.k.shape[0] * (self.k.shape[1] * self.k.element_size() + self.v.shape[1] * self.v.element_size())
+        return self.k.shape[1] * self.k.element_size() + self.v.shape[1] * self.v.element_size()
+
+    def tensors(self) -> list:
+        """Every tensor the layer holds (buffers and device metadata)."""
+        return [self.k, self.v, self.bias, self.starts_t, self.lengths_t]
+
+    def physical_bytes(self) -> int:
+        return physical_bytes(self.tensors())
+
+    def nominal_bytes(self) -> int:
+        return self.entries() * self.entry_bytes()
+
+    def slack_bytes(self) -> int:
+        """Bytes of the allocated rows no entry occupies (spare capacity: K, V and bias rows)."""
+        if self.k is None:
+            return 0
+        row = self.entry_bytes() + (4 if self.bias is not None else 0)
+        return (self.k.shape[0] - self.entries()) * row
 
 
 def _as_list(x, batch: int, kv_heads: int, name: str) -> list:
@@ -231,15 +344,21 @@ class RaggedKVCache(Cache):
     Use with a model whose attention implementation is ``"forcedweight_ragged"``
     (:func:`forcedweight.deploy.attention.use_ragged_attention`), e.g.
     ``model.generate(ids, cache=RaggedKVCache(), ...)``.
+
+    Parameters
+    ----------
+    growth : spare capacity per segment as a fraction of the mean segment length (default 1/64).
+    min_spare : spare rows per segment at least when an append forces a relayout (default 8).
     """
 
-    def __init__(self):
-        super().__init__(layer_class_to_replicate=RaggedLayer)
+    def __init__(self, growth: float = GROWTH, min_spare: int = MIN_SPARE):
+        RaggedLayer(growth, min_spare)  # validates the options now, not at the first update
+        super().__init__(layer_class_to_replicate=partial(RaggedLayer, growth=growth, min_spare=min_spare))
 
     @classmethod
-    def from_dense(cls, dense_cache) -> "RaggedKVCache":
+    def from_dense(cls, dense_cache, **options) -> "RaggedKVCache":
         """A copy of a transformers ``DynamicCache`` (every layer's [B, Hkv, N, D] keys/values)."""
-        cache = cls()
+        cache = cls(**options)
         for i, layer in enumerate(dense_cache.layers):
             cache.update(layer.keys, layer.values, i)
         return cache
@@ -255,16 +374,22 @@ class RaggedKVCache(Cache):
         return self.layers[layer].lengths
 
     def physical_bytes(self) -> int:
-        """Bytes of all storages held (K, V, indptr, bias), each distinct storage counted once."""
-        tensors = []
-        for layer in self.layers:
-            tensors += [layer.k, layer.v, layer.indptr, layer.bias]
-        return physical_bytes(tensors)
+        """Bytes of all storages held (K/V buffers with their spare rows, bias, segment metadata),
+        each distinct storage counted once."""
+        return physical_bytes([t for layer in self.layers for t in layer.tensors()])
 
     def nominal_bytes(self) -> int:
         """Bytes the kept entries need: entries × (D + Dv) × element size, summed over layers."""
         return sum(layer.nominal_bytes() for layer in self.layers)
 
+    def slack_bytes(self) -> int:
+        """Bytes of allocated but unoccupied rows (spare capacity), summed over layers."""
+        return sum(layer.slack_bytes() for layer in self.layers)
+
     def entries(self) -> int:
         """Kept entries over all layers and segments."""
-        return sum(0 if layer.k is None else layer.k.shape[0] for layer in self.layers)
+        return sum(layer.entries() for layer in self.layers)
+
+    def relayouts(self) -> int:
+        """Relayouts forced by appends so far (each copies a layer's entries once), summed over layers."""
+        return sum(layer.relayouts for layer in self.layers)

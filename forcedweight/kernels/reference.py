@@ -1,9 +1,15 @@
 """Float64 reference for ragged grouped-query decode attention: plain loops over segments.
 
-Layout (shared with :mod:`forcedweight.kernels.ragged_decode`): ``q`` [B, Hq, D]; packed keys ``k`` [T, D]
-and values ``v`` [T, Dv]; ``indptr`` [B*Hkv + 1], segment ``b*Hkv + h`` holds batch b's KV head h in
-``k[indptr[s]:indptr[s+1]]``. Query head ``j`` reads KV head ``j // G`` with ``G = Hq // Hkv`` (the
-``repeat_kv`` convention of transformers).
+Two descriptions of the same segments (shared with :mod:`forcedweight.kernels.ragged_decode`):
+
+- **packed**: keys ``k`` [T, D], values ``v`` [T, Dv], ``indptr`` [B*Hkv + 1]; segment ``b*Hkv + h``
+  holds batch b's KV head h in rows ``indptr[s] .. indptr[s+1] - 1``;
+- **extents**: a buffer ``k`` [C, D], ``v`` [C, Dv] with per-segment ``starts`` [B*Hkv] and ``lengths``
+  [B*Hkv]; segment ``s`` is rows ``starts[s] .. starts[s] + lengths[s] - 1`` (rows outside every segment,
+  the cache's spare capacity, are never read).
+
+``q`` is [B, Hq, D]; query head ``j`` reads KV head ``j // G`` with ``G = Hq // Hkv`` (the ``repeat_kv``
+convention of transformers).
 """
 
 from __future__ import annotations
@@ -13,16 +19,15 @@ import math
 import torch
 
 
-def ragged_decode_reference(q, k, v, indptr, bias=None, sm_scale=None):
-    """Ragged decode attention in float64, one segment at a time.
+def segment_decode_reference(q, k, v, starts, lengths, bias=None, sm_scale=None):
+    """Decode attention in float64 over segments given by ``starts`` / ``lengths``, one at a time.
 
     Parameters
     ----------
     q : Tensor [B, Hq, D]
-    k : Tensor [T, D]
-    v : Tensor [T, Dv]
-    indptr : Tensor [B*Hkv + 1] integer, non-decreasing, ``indptr[0] == 0``, ``indptr[-1] == T``.
-    bias : optional Tensor [T], added to the scaled logits (natural-log units).
+    k : Tensor [C, D]; v : Tensor [C, Dv]
+    starts, lengths : Tensor [B*Hkv] integer (segment ``s`` = rows ``starts[s] : starts[s] + lengths[s]``).
+    bias : optional Tensor [C], added to the scaled logits (natural-log units).
     sm_scale : float, defaults to ``1/sqrt(D)``.
 
     Returns
@@ -31,27 +36,28 @@ def ragged_decode_reference(q, k, v, indptr, bias=None, sm_scale=None):
     lse : Tensor [B, Hq] float64, natural-log log-sum-exp of the biased scaled logits (``-inf`` when empty)
     """
     B, Hq, D = q.shape
-    S = indptr.numel() - 1
+    S = starts.numel()
     Hkv = S // B
     G = Hq // Hkv
     Dv = v.shape[1]
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     qd, kd, vd = q.double().cpu(), k.double().cpu(), v.double().cpu()
     bd = None if bias is None else bias.double().cpu()
-    ptr = [int(x) for x in indptr.cpu()]
+    st = [int(x) for x in starts.cpu()]
+    ln = [int(x) for x in lengths.cpu()]
     out = torch.zeros(B, Hq, Dv, dtype=torch.float64)
     lse = torch.full((B, Hq), -math.inf, dtype=torch.float64)
     for b in range(B):
         for h in range(Hkv):
-            s0, s1 = ptr[b * Hkv + h], ptr[b * Hkv + h + 1]
-            if s1 == s0:
+            s0, n = st[b * Hkv + h], ln[b * Hkv + h]
+            if n == 0:
                 continue
-            ks, vs = kd[s0:s1], vd[s0:s1]
+            ks, vs = kd[s0:s0 + n], vd[s0:s0 + n]
             for g in range(G):
                 j = h * G + g
                 logits = (ks @ qd[b, j]) * scale
                 if bd is not None:
-                    logits = logits + bd[s0:s1]
+                    logits = logits + bd[s0:s0 + n]
                 m = logits.max()
                 if m == -math.inf:
                     continue
@@ -60,3 +66,10 @@ def ragged_decode_reference(q, k, v, indptr, bias=None, sm_scale=None):
                 out[b, j] = (w / total) @ vs
                 lse[b, j] = m + torch.log(total)
     return out, lse
+
+
+def ragged_decode_reference(q, k, v, indptr, bias=None, sm_scale=None):
+    """As :func:`segment_decode_reference` over packed segments: ``indptr`` [B*Hkv + 1] integer,
+    non-decreasing, ``indptr[0] == 0``, ``indptr[-1] == T``; ``k`` [T, D], ``v`` [T, Dv], ``bias`` [T]."""
+    ptr = indptr.cpu().to(torch.int64)
+    return segment_decode_reference(q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale)

@@ -1,17 +1,18 @@
-"""PyTorch path for ragged grouped-query decode attention (the CPU backend), vectorised over segments.
+"""PyTorch path for ragged grouped-query decode attention (the CPU backend), over segment extents.
 
-Exact strategies:
+Segment ``s`` is rows ``starts[s] .. starts[s] + lengths[s] - 1`` of a buffer ``k`` [C, D] / ``v``
+[C, Dv] (the ragged cache's layout: rows between segments are spare capacity and never read; packed
+``indptr`` segments are the special case ``starts = indptr[:-1]``). Strategies, all exact:
 
-- **padded**: segments viewed (all lengths equal: no copy) or gathered into [S, Lmax, D]; logits for
-  the G query heads of each group as one batched matmul, masked softmax, batched matmul with values;
-- **bucketed** (default when lengths differ): up to ``SEGMENT_LOOP_MAX`` segments, each one alone
-  (zero-copy views); beyond, segments grouped by ``ceil(log2(length))``, the padded strategy per group,
-  so padding never more than doubles the entries touched;
-- **scatter**: no padding at all: each packed entry gets its segment id (``repeat_interleave``),
-  logits are gathered dot products, and the per-segment softmax is a scatter (``scatter_reduce`` amax,
-  then ``index_add_`` of the exponentials and of the weighted values). Slower; kept as a cross-check.
+- **auto**: when every segment has the same length and the starts are an arithmetic progression (an
+  unevicted cache, or one evicted to a uniform budget), K/V are one strided ``[S, n, D]`` view of the
+  buffer (no copy) and the G query heads of every group go through two batched matmuls; otherwise one
+  zero-copy view per segment. Nothing proportional to the entries held is copied (float32 inputs);
+- **padded**: segments gathered into a padded ``[S, Lmax, D]`` block and masked (a cross-check);
+- **scatter**: no padding: each entry gets its segment id, logits are gathered dot products and the
+  per-segment softmax is a scatter (``scatter_reduce`` amax, ``index_add_``) (a cross-check).
 
-Accumulation in float32 (float64 inputs stay float64).
+Accumulation in float32 (float64 inputs stay float64; float16/bfloat16 segments are widened to float32).
 """
 
 from __future__ import annotations
@@ -20,20 +21,22 @@ import math
 
 import torch
 
-METHODS = ("auto", "padded", "bucketed", "scatter")
-SEGMENT_LOOP_MAX = 16  # up to this many segments, "bucketed" takes each segment alone (views, no copy)
+METHODS = ("auto", "padded", "scatter")
 
 
-def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto", chunk=1 << 16):
-    """Ragged decode attention on the PyTorch path.
+def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, method="auto", chunk=1 << 16,
+                         host=None):
+    """Ragged decode attention over segment extents on the PyTorch path.
 
     Parameters
     ----------
-    q : Tensor [B, Hq, D]; k : Tensor [T, D]; v : Tensor [T, Dv];
-    indptr : Tensor [B*Hkv + 1] integer; bias : optional Tensor [T] float32;
+    q : Tensor [B, Hq, D]; k : Tensor [C, D]; v : Tensor [C, Dv];
+    starts, lengths : Tensor [B*Hkv] integer (inputs assumed validated: extents inside ``[0, C)``);
+    bias : optional Tensor [C] float32, added to the scaled logits;
     sm_scale : float, defaults to ``1/sqrt(D)``;
-    method : "auto" (padded when all lengths are equal, else bucketed), "padded", "bucketed", "scatter";
-    chunk : entries per pass of the scatter method (bounds its [chunk, G, D] temporaries).
+    method : "auto", "padded" or "scatter" (see the module docstring);
+    chunk : entries per pass of the scatter method (bounds its [chunk, G, D] temporaries);
+    host : optional ``(starts, lengths)`` as Python lists (saves reading the tensors; the cache has them).
 
     Returns
     -------
@@ -41,95 +44,137 @@ def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto"
     lse : Tensor [B, Hq] float32 natural log (``-inf`` for an empty segment)
     """
     B, Hq, D = q.shape
-    S = indptr.numel() - 1
+    S = starts.numel()
     G = Hq // (S // B)
-    T, Dv = v.shape
+    Dv = v.shape[1]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-    ptr = indptr.to(device=q.device, dtype=torch.int64)
-    lengths = ptr[1:] - ptr[:-1]
-    lmax = int(lengths.max()) if S else 0
+    st, ln = host if host is not None else (starts.tolist(), lengths.tolist())
+    qs = q.reshape(S, G, D).to(acc) * scale
     if method == "auto":
-        method = "padded" if bool((lengths == lmax).all()) else "bucketed"
-    if T == 0:
-        out = torch.zeros(B, Hq, Dv, dtype=q.dtype, device=q.device)
-        return out, torch.full((B, Hq), -math.inf, device=q.device)
-    qs = q.reshape(S, G, D).to(acc)
-    if method == "padded":
-        num, denom, m = _padded(qs, k, v, ptr[:-1], lengths, bias, scale, acc)
-    elif method == "bucketed":
-        num = torch.zeros(S, G, Dv, dtype=acc, device=q.device)
-        denom = torch.zeros(S, G, dtype=acc, device=q.device)
-        m = torch.zeros(S, G, dtype=acc, device=q.device)
-        if S <= SEGMENT_LOOP_MAX:  # few segments: one zero-copy view per segment beats gathering
-            bucket = torch.arange(S, device=q.device)
-        else:  # many: group by ceil(log2(length)), gather and pad per group
-            bucket = torch.ceil(torch.log2(lengths.clamp_min(1).to(torch.float64))).long()
-        bucket[lengths == 0] = -1  # empty segments: nothing to compute
-        for j in torch.unique(bucket).tolist():
-            if j < 0:
-                continue
-            sel = torch.nonzero(bucket == j).squeeze(1)
-            num[sel], denom[sel], m[sel] = _padded(qs[sel], k, v, ptr[sel], lengths[sel], bias, scale, acc)
+        stride = _progression(st, ln)
+        if stride is not None:
+            out, lse = _uniform(qs, k, v, bias, st[0], stride, ln[0], acc)
+        else:
+            out, lse = _per_segment(qs, k, v, bias, st, ln, acc)
+    elif method == "padded":
+        out, lse = _padded(qs, k, v, bias, st, ln, acc)
     elif method == "scatter":
-        num, denom, m = _scatter(qs, k, v, ptr, lengths, bias, scale, acc, chunk)
+        out, lse = _scatter(qs, k, v, bias, st, ln, acc, chunk)
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    live = denom > 0
-    safe = torch.where(live, denom, 1)
-    out = torch.where(live.unsqueeze(2), num / safe.unsqueeze(2), 0)
-    lse = torch.where(live, m + torch.log(safe), -math.inf)
     return out.reshape(B, Hq, Dv).to(q.dtype), lse.reshape(B, Hq).float()
 
 
-def _padded(qs, k, v, starts, lengths, bias, scale, acc):
-    """Segments starting at ``starts`` [S'] with ``lengths`` [S'], queries ``qs`` [S', G, D].
-
-    Returns unnormalised output [S', G, Dv], softmax denominators [S', G] and maxima [S', G] (finite).
-    """
-    S = qs.shape[0]
-    T = k.shape[0]
-    lmax = int(lengths.max())
-    # one contiguous run of equal segments (an unevicted cache, a single segment): plain views, no copy
-    s0 = int(starts[0])
-    run = starts - s0 == lmax * torch.arange(S, device=k.device)
-    uniform = bool((lengths == lmax).all()) and bool(run.all())
-    if uniform:
-        kp, vp = k[s0:s0 + S * lmax].view(S, lmax, -1), v[s0:s0 + S * lmax].view(S, lmax, -1)
-        src, valid = None, None
-    else:
-        pos = torch.arange(lmax, device=k.device)
-        valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
-        src = (starts[:, None] + pos[None, :]).clamp_max(T - 1)
-        flat = src.reshape(-1)
-        kp = k.index_select(0, flat).view(S, lmax, -1)  # index_select: several times faster than k[src]
-        vp = v.index_select(0, flat).view(S, lmax, -1)
-    logits = torch.bmm(qs, kp.to(acc).transpose(1, 2))  # [S, G, Lmax]
-    logits.mul_(scale)
-    if bias is not None:
-        b = bias[s0:s0 + S * lmax].to(acc).view(S, lmax) if uniform else bias.to(acc).index_select(0, flat).view(S, lmax)
-        logits.add_(b.unsqueeze(1))
-    if valid is not None:
-        logits.masked_fill_(~valid.unsqueeze(1), -math.inf)
-    m = logits.amax(-1)
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    w = torch.exp(logits - m.unsqueeze(2))
-    return torch.bmm(w, vp.to(acc)), w.sum(-1), m
+def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto", chunk=1 << 16):
+    """:func:`segment_decode_torch` over packed segments ``indptr`` [B*Hkv + 1] (k [T, D], bias [T])."""
+    ptr = indptr.to(device=q.device, dtype=torch.int64)
+    return segment_decode_torch(q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, method, chunk)
 
 
-def _scatter(qs, k, v, ptr, lengths, bias, scale, acc, chunk):
-    """As :func:`_padded`, by scatter over segment ids (no padding)."""
-    S, G, D = qs.shape
-    T, Dv = v.shape
+def _progression(st, ln):
+    """The stride W when all lengths are equal and ``st[s] = st[0] + s*W`` (W >= 0), else None."""
+    n = ln[0]
+    if any(x != n for x in ln):
+        return None
+    if len(st) == 1:
+        return 0
+    w = st[1] - st[0]
+    if w < 0 or any(st[i] != st[0] + i * w for i in range(2, len(st))):
+        return None
+    return w
+
+
+def _strided(t, start, stride, S, n):
+    """Rows ``start + s*stride + i`` (s < S, i < n) of ``t`` [C, ...] as a [S, n, ...] view (no copy)."""
+    size = (S, n) + tuple(t.shape[1:])
+    strides = (stride * t.stride(0),) + tuple(t.stride())
+    return t.as_strided(size, strides, t.storage_offset() + start * t.stride(0))
+
+
+def _attend(qs, kk, vv, bb, acc, masked):
+    """Softmax attention of ``qs`` [S', G, D] (already scaled) over ``kk`` [S', n, D], ``vv`` [S', n, Dv],
+    bias ``bb`` [S', n] or None; ``masked``: logits may be -inf (bias, padding). Returns out [S', G, Dv]
+    and lse [S', G]."""
+    logits = torch.bmm(qs, kk.to(acc).transpose(1, 2))  # [S', G, n]; .to is a no-op for float32
+    if bb is not None:
+        logits.add_(bb.to(acc).unsqueeze(1))
+    m = logits.amax(-1, keepdim=True)
+    if masked:
+        m = m.masked_fill(torch.isneginf(m), 0)
+    logits.sub_(m).exp_()
+    denom = logits.sum(-1, keepdim=True)
+    out = torch.bmm(logits, vv.to(acc))
+    if not masked:  # every logit finite: denom >= 1
+        return out.div_(denom), (m + torch.log(denom)).squeeze(-1)
+    live = denom > 0
+    safe = torch.where(live, denom, 1)
+    out = torch.where(live, out / safe, 0)
+    lse = torch.where(live, m + torch.log(safe), -math.inf).squeeze(-1)
+    return out, lse
+
+
+def _empty(S, G, Dv, acc, device):
+    return torch.zeros(S, G, Dv, dtype=acc, device=device), torch.full((S, G), -math.inf, dtype=acc, device=device)
+
+
+def _uniform(qs, k, v, bias, start, stride, n, acc):
+    S, G, _ = qs.shape
+    if n == 0:
+        return _empty(S, G, v.shape[1], acc, qs.device)
+    kk, vv = _strided(k, start, stride, S, n), _strided(v, start, stride, S, n)
+    bb = None if bias is None else _strided(bias, start, stride, S, n)
+    return _attend(qs, kk, vv, bb, acc, masked=bias is not None)
+
+
+def _per_segment(qs, k, v, bias, st, ln, acc):
+    S, G, _ = qs.shape
+    out, lse = _empty(S, G, v.shape[1], acc, qs.device)
+    for s, (s0, n) in enumerate(zip(st, ln)):
+        if n == 0:
+            continue
+        bb = None if bias is None else bias[s0:s0 + n].unsqueeze(0)
+        o, l_ = _attend(qs[s:s + 1], k[s0:s0 + n].unsqueeze(0), v[s0:s0 + n].unsqueeze(0), bb, acc,
+                        masked=bias is not None)
+        out[s], lse[s] = o[0], l_[0]
+    return out, lse
+
+
+def _padded(qs, k, v, bias, st, ln, acc):
+    S, G, _ = qs.shape
+    lmax = max(ln) if ln else 0
+    if lmax == 0:
+        return _empty(S, G, v.shape[1], acc, qs.device)
     dev = qs.device
+    starts = torch.tensor(st, dtype=torch.int64, device=dev)
+    lengths = torch.tensor(ln, dtype=torch.int64, device=dev)
+    pos = torch.arange(lmax, device=dev)
+    valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
+    flat = torch.where(valid, starts[:, None] + pos[None, :], 0).reshape(-1)
+    kk = k.index_select(0, flat).view(S, lmax, -1)
+    vv = v.index_select(0, flat).view(S, lmax, -1)
+    pad = torch.zeros(S, lmax, dtype=acc, device=dev).masked_fill_(~valid, -math.inf)
+    bb = pad if bias is None else pad + bias.to(acc).index_select(0, flat).view(S, lmax)
+    return _attend(qs, kk, vv, bb, acc, masked=True)
+
+
+def _scatter(qs, k, v, bias, st, ln, acc, chunk):
+    S, G, D = qs.shape
+    Dv = v.shape[1]
+    dev = qs.device
+    T = sum(ln)
+    if T == 0:
+        return _empty(S, G, Dv, acc, dev)
+    lengths = torch.tensor(ln, dtype=torch.int64, device=dev)
     seg = torch.repeat_interleave(torch.arange(S, device=dev), lengths, output_size=T)  # [T]
+    first = torch.cumsum(lengths, 0) - lengths  # packed offset of each segment
+    rows = torch.tensor(st, dtype=torch.int64, device=dev)[seg] + torch.arange(T, device=dev) - first[seg]
     logits = torch.empty(T, G, dtype=acc, device=dev)
     for c0 in range(0, T, chunk):
         c1 = min(T, c0 + chunk)
-        logits[c0:c1] = torch.einsum("tgd,td->tg", qs[seg[c0:c1]], k[c0:c1].to(acc))
-    logits.mul_(scale)
+        logits[c0:c1] = torch.einsum("tgd,td->tg", qs[seg[c0:c1]], k.index_select(0, rows[c0:c1]).to(acc))
     if bias is not None:
-        logits.add_(bias.to(device=dev, dtype=acc).unsqueeze(1))
+        logits.add_(bias.to(acc).index_select(0, rows).unsqueeze(1))
     m = torch.full((S, G), -math.inf, dtype=acc, device=dev)
     m.scatter_reduce_(0, seg.unsqueeze(1).expand(T, G), logits, reduce="amax", include_self=True)
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
@@ -138,5 +183,10 @@ def _scatter(qs, k, v, ptr, lengths, bias, scale, acc, chunk):
     num = torch.zeros(S, G, Dv, dtype=acc, device=dev)
     for c0 in range(0, T, chunk):
         c1 = min(T, c0 + chunk)
-        num.index_add_(0, seg[c0:c1], torch.bmm(w[c0:c1].unsqueeze(2), v[c0:c1].to(acc).unsqueeze(1)))
-    return num, denom, m
+        vc = v.index_select(0, rows[c0:c1]).to(acc)
+        num.index_add_(0, seg[c0:c1], torch.bmm(w[c0:c1].unsqueeze(2), vc.unsqueeze(1)))
+    live = denom > 0
+    safe = torch.where(live, denom, 1)
+    out = torch.where(live.unsqueeze(2), num / safe.unsqueeze(2), 0)
+    lse = torch.where(live, m + torch.log(safe), -math.inf)
+    return out, lse

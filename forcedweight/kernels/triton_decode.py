@@ -1,5 +1,9 @@
 """Triton split-K flash decoding over the ragged per-(batch, KV head) layout.
 
+Segments are extents of a buffer: segment ``s`` is rows ``starts[s] .. starts[s] + lengths[s] - 1``
+of ``k`` [C, D] / ``v`` [C, Dv] / ``bias`` [C] (the ragged cache's layout, spare rows between segments
+never read; packed ``indptr`` segments are ``starts = indptr[:-1]``, ``lengths = diff(indptr)``).
+
 Stage 1 (grid: segments × splits): each program walks one split of one segment in tiles of
 ``BLOCK_N`` entries; every K/V tile is loaded once and serves all G query heads of the group
 (logits are a [G_PAD, BLOCK_N] ``tl.dot``); an online softmax in float32 gives the split's normalised
@@ -22,7 +26,7 @@ import triton.language as tl
 
 @triton.jit
 def _split_kernel(
-    Q, K, V, Bias, Indptr, OutP, LseP,
+    Q, K, V, Bias, Starts, Lengths, OutP, LseP,
     sm_scale, num_splits,
     stride_k, stride_v,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -31,9 +35,9 @@ def _split_kernel(
 ):
     seg = tl.program_id(0)
     split = tl.program_id(1)
-    start = tl.load(Indptr + seg).to(tl.int64)
-    end = tl.load(Indptr + seg + 1).to(tl.int64)
-    length = end - start
+    start = tl.load(Starts + seg).to(tl.int64)
+    length = tl.load(Lengths + seg).to(tl.int64)
+    end = start + length
     tiles = tl.cdiv(length, BLOCK_N)
     tiles_per_split = tl.cdiv(tiles, num_splits)
     lo = start + split * tiles_per_split * BLOCK_N
@@ -140,7 +144,7 @@ def compile_ahead(arch: int = 90, dtype=torch.bfloat16, G: int = 4, D: int = 128
     target = GPUTarget("cuda", arch, 32)
     t = _DTYPE_SIG[dtype]
     g_pad = max(16, triton.next_power_of_2(G))
-    split_sig = {"Q": "*" + t, "K": "*" + t, "V": "*" + t, "Bias": "*fp32", "Indptr": "*i64", "OutP": "*fp32",
+    split_sig = {"Q": "*" + t, "K": "*" + t, "V": "*" + t, "Bias": "*fp32", "Starts": "*i64", "Lengths": "*i64", "OutP": "*fp32",
                  "LseP": "*fp32", "sm_scale": "fp32", "num_splits": "i32", "stride_k": "i64", "stride_v": "i64"}
     split_const = {"G": G, "G_PAD": g_pad, "D": D, "BLOCK_D": triton.next_power_of_2(D), "DV": DV,
                    "BLOCK_DV": triton.next_power_of_2(DV), "BLOCK_N": block_n, "HAS_BIAS": has_bias,
@@ -173,26 +177,29 @@ def choose_num_splits(num_segments: int, max_len: int, block_n: int, device: tor
     return int(max(1, min(tiles, triton.cdiv(programs, max(1, num_segments)), 256)))
 
 
-def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=None, block_n=None, max_len=None):
-    """Triton split-K decode; arguments and returns as :func:`forcedweight.kernels.ragged_decode`
-    (inputs assumed validated). ``num_splits`` and ``block_n`` override the launch choice; ``max_len``
-    (longest segment, if the caller knows it) avoids reading indptr on the host."""
+def segment_decode_triton(q, k, v, starts, lengths, bias=None, sm_scale=None, num_splits=None, block_n=None,
+                          max_len=None):
+    """Triton split-K decode over segment extents; arguments and returns as
+    :func:`forcedweight.kernels.segment_decode` (inputs assumed validated). ``num_splits`` and ``block_n``
+    override the launch choice; ``max_len`` (longest segment, if the caller knows it) avoids reading
+    ``lengths`` on the host (a device sync on CUDA)."""
     B, Hq, D = q.shape
-    S = indptr.numel() - 1
+    S = starts.numel()
     G = Hq // (S // B)
-    T, DV = v.shape
+    DV = v.shape[1]
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     q = q.contiguous()
     if k.stride(1) != 1:
         k = k.contiguous()
     if v.stride(1) != 1:
         v = v.contiguous()
-    indptr = indptr.to(torch.int64).contiguous()
+    starts = starts.to(torch.int64).contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
     if block_n is None:
         block_n = 64 if max(D, DV) <= 128 else 32
     if num_splits is None:
-        if max_len is None:  # a host read of indptr (a device sync on CUDA)
-            max_len = int((indptr[1:] - indptr[:-1]).max()) if S > 0 else 0
+        if max_len is None:
+            max_len = int(lengths.max()) if S > 0 else 0
         num_splits = choose_num_splits(S, max_len, block_n, q.device)
     g_pad = max(16, triton.next_power_of_2(G))
     out_p = torch.empty(S * num_splits * G, DV, dtype=torch.float32, device=q.device)
@@ -202,7 +209,7 @@ def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=N
     has_bias = bias is not None
     bias_t = bias.to(torch.float32).contiguous() if has_bias else lse_p  # dummy pointer when absent
     _split_kernel[(S, num_splits)](
-        q, k, v, bias_t, indptr, out_p, lse_p,
+        q, k, v, bias_t, starts, lengths, out_p, lse_p,
         scale, num_splits, k.stride(0), v.stride(0),
         G=G, G_PAD=g_pad, D=D, BLOCK_D=triton.next_power_of_2(D),
         DV=DV, BLOCK_DV=triton.next_power_of_2(DV), BLOCK_N=block_n,
@@ -214,3 +221,9 @@ def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, num_splits=N
         G=G, G_PAD=g_pad, DV=DV, BLOCK_DV=triton.next_power_of_2(DV),
     )
     return out, lse
+
+
+def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, **launch):
+    """:func:`segment_decode_triton` over packed segments ``indptr`` [B*Hkv + 1]."""
+    ptr = indptr.to(torch.int64)
+    return segment_decode_triton(q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, **launch)

@@ -135,7 +135,8 @@ def test_evict_then_decode_equals_restricted_dense_attention(with_bias):
         past += L
     assert rc.get_seq_length() == N + 6
     assert rc.lengths(0).tolist() == [s + 6 for s in sizes]
-    assert torch.equal(rc.layers[0].indptr.diff(), rc.lengths(0))  # host copy agrees with the device indptr
+    for layer in rc.layers:  # the host copies agree with the device extents the kernel reads
+        assert layer.lengths_t.tolist() == layer.lengths_h and layer.starts_t.tolist() == layer.starts
 
 
 def test_evict_releases_storage_and_bytes_match_entries():
@@ -153,10 +154,13 @@ def test_evict_releases_storage_and_bytes_match_entries():
     kept = 3 * B * 2 * budget
     assert rc.entries() == kept and rc.nominal_bytes() == kept * entry
     phys = rc.physical_bytes()
-    # the K/V storages are exactly the kept entries; the rest is indptr metadata, bounded by 2%
+    # the K/V storages are the kept entries plus floor(50/64) = 0 spare rows per segment; the rest is
+    # extent metadata (two int64 [B*Hkv] tensors per layer), bounded by 2%
     for layer in rc.layers:
+        assert layer.k.shape[0] == B * 2 * budget
         assert layer.k.untyped_storage().nbytes() == layer.k.shape[0] * 16 * 4
         assert layer.v.untyped_storage().nbytes() == layer.v.shape[0] * 16 * 4
+    assert rc.slack_bytes() == 0
     assert kept * entry <= phys <= 1.02 * kept * entry
     assert phys < 0.26 * full  # 50 of 200 entries kept
     assert rc.get_seq_length() == N
@@ -240,3 +244,108 @@ def test_from_dense_copies_every_segment():
             for h in range(2):
                 k, v = layer.segment(b, h)
                 assert torch.equal(k, dc.layers[i].keys[b, h]) and torch.equal(v, dc.layers[i].values[b, h])
+
+
+def _segments(layer):
+    """Every segment's (keys, values, bias) as cloned tensors, in segment order."""
+    out = []
+    for b in range(layer.batch):
+        for h in range(layer.kv_heads):
+            k, v = layer.segment(b, h)
+            bias = layer.segment_bias(b, h)
+            out.append((k.clone(), v.clone(), None if bias is None else bias.clone()))
+    return out
+
+
+def _states(B, Hkv, L, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+
+
+def test_appends_are_in_place_until_the_spare_runs_out():
+    # prefill N = 640: spare = max(8, ceil(640/64) = 10) rows per segment; 10 single-token appends write
+    # in place (the buffers never move), the 11th lays the layer out again with a new spare
+    B, Hkv, D, N = 2, 3, 8, 640
+    rc = RaggedKVCache()
+    k0, v0 = _states(B, Hkv, N, D, 0)
+    rc.update(k0, v0, 0)
+    layer = rc.layers[0]
+    assert layer.caps == [N + 10] * (B * Hkv) and layer.stride == N + 10 and rc.relayouts() == 1
+    ptr = layer.k.data_ptr()
+    ks, vs = [k0], [v0]
+    for step in range(10):
+        k1, v1 = _states(B, Hkv, 1, D, 100 + step)
+        rc.update(k1, v1, 0)
+        ks.append(k1), vs.append(v1)
+        assert layer.k.data_ptr() == ptr and rc.relayouts() == 1
+    assert rc.slack_bytes() == 0  # exactly full
+    k1, v1 = _states(B, Hkv, 1, D, 200)
+    rc.update(k1, v1, 0)
+    ks.append(k1), vs.append(v1)
+    assert layer.k.data_ptr() != ptr and rc.relayouts() == 2
+    n = N + 11
+    spare = max(8, -(-n // 64))  # ceil(651 / 64) = 11 spare rows beyond the 651 held after this step
+    assert layer.caps == [n + spare] * (B * Hkv)
+    assert rc.slack_bytes() == B * Hkv * spare * 2 * D * 4
+    full_k, full_v = torch.cat(ks, 2), torch.cat(vs, 2)
+    for b in range(B):
+        for h in range(Hkv):
+            k, v = layer.segment(b, h)
+            assert torch.equal(k, full_k[b, h]) and torch.equal(v, full_v[b, h])
+
+
+def test_ragged_appends_relayout_and_bias_follow_the_entries():
+    # a ragged layer (unequal lengths after evict, with bias): appends through several relayouts keep every
+    # segment's entries and bias, appended entries get bias 0; checked against plain per-segment lists
+    B, Hkv, D, N = 1, 4, 8, 40
+    rc = RaggedKVCache(growth=1 / 8, min_spare=2)
+    k0, v0 = _states(B, Hkv, N, D, 1)
+    rc.update(k0, v0, 0)
+    sizes = [0, 1, 17, 33]
+    keep = random_keep([N] * 4, sizes, seed=3)
+    bias = [torch.randn(s, generator=torch.Generator().manual_seed(7 + s)) for s in sizes]
+    rc.evict(0, keep, bias)
+    layer = rc.layers[0]
+    assert layer.stride is None and layer.relayouts == 1
+    spare = int(51 / 4 / 8)  # floor(growth * mean kept) = floor(12.75 / 8) = 1
+    assert layer.caps == [s + spare for s in sizes]
+    ref = [[k0[0, h, keep[h]], v0[0, h, keep[h]], bias[h]] for h in range(Hkv)]
+    for step in range(12):
+        L = 1 if step % 3 else 2
+        k1, v1 = _states(B, Hkv, L, D, 50 + step)
+        view, _ = rc.update(k1, v1, 0)
+        for h in range(Hkv):
+            ref[h] = [torch.cat([ref[h][0], k1[0, h]]), torch.cat([ref[h][1], v1[0, h]]),
+                      torch.cat([ref[h][2], torch.zeros(L)])]
+        assert view.host_lengths == [len(r[0]) for r in ref] and view.max_len == max(view.host_lengths)
+    assert layer.relayouts >= 3  # several relayouts happened on the way
+    for (k, v, b), (rk, rv, rb) in zip(_segments(layer), ref):
+        assert torch.equal(k, rk) and torch.equal(v, rv) and torch.equal(b, rb)
+    # slack: the buffers' unoccupied rows, K + V + bias
+    assert rc.slack_bytes() == (layer.k.shape[0] - layer.entries()) * (2 * D * 4 + 4)
+    assert rc.physical_bytes() == rc.nominal_bytes() + rc.slack_bytes() + layer.entries() * 4 + 2 * 8 * Hkv
+
+
+def test_uniform_eviction_keeps_a_strided_layout():
+    # the same budget everywhere: equal lengths and capacities, one [S, cap, D] strided layout
+    B, Hkv, D, N = 2, 2, 8, 300
+    rc = RaggedKVCache()
+    k0, v0 = _states(B, Hkv, N, D, 2)
+    rc.update(k0, v0, 0)
+    keep = torch.stack([torch.stack(random_keep([N] * Hkv, [130] * Hkv, seed=b)) for b in range(B)])
+    rc.evict(0, keep)
+    layer = rc.layers[0]
+    assert layer.caps == [132] * 4 and layer.stride == 132  # floor(130 / 64) = 2 spare rows
+    assert rc.slack_bytes() == 4 * 2 * 2 * D * 4
+    assert rc.slack_bytes() <= 0.02 * rc.physical_bytes()
+    for b in range(B):
+        for h in range(Hkv):
+            k, v = layer.segment(b, h)
+            assert torch.equal(k, k0[b, h, keep[b, h]]) and torch.equal(v, v0[b, h, keep[b, h]])
+
+
+def test_cache_options_are_validated():
+    with pytest.raises(InputError, match="growth"):
+        RaggedKVCache(growth=-1)
+    with pytest.raises(InputError, match="min_spare"):
+        RaggedKVCache(min_spare=0)

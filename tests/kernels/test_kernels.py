@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from forcedweight.kernels import ragged_decode
-from forcedweight.kernels.reference import ragged_decode_reference
+from forcedweight.kernels import ragged_decode, segment_decode
+from forcedweight.kernels.reference import ragged_decode_reference, segment_decode_reference
+from forcedweight.kernels.torch_decode import _progression, ragged_decode_torch, segment_decode_torch
 from forcedweight.errors import InputError
 
 # Output tolerance per dtype, absolute on outputs of magnitude <= ~1 (convex combinations of N(0,1) values):
@@ -44,6 +45,8 @@ def check(out, lse, q, k, v, indptr, bias, dtype, ref=None):
     assert torch.all(out[empty] == 0)
     err = (out.double() - ref_out).abs().max().item()
     assert err <= OUT_ATOL[dtype], err
+    if bool(empty.all()):
+        return
     lerr = (lse.double() - ref_lse)[~empty].abs().max().item()
     assert lerr <= LSE_ATOL * max(1.0, ref_lse[~empty].abs().max().item()), lerr
 
@@ -89,39 +92,100 @@ def test_triton_int32_indptr_and_scale():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_torch_path_against_reference(G, dtype, with_bias):
-    from forcedweight.kernels.torch_decode import ragged_decode_torch
-
     for D in (64, 128):
         q, k, v, indptr, bias = make_case(LENGTHS, 2, G, D, dtype=dtype, with_bias=with_bias, seed=G * D + 1)
         ref = ragged_decode_reference(q, k, v, indptr, bias)
-        out, lse = ragged_decode(q, k, v, indptr, bias)  # CPU tensors: the PyTorch path (bucketed here)
+        out, lse = ragged_decode(q, k, v, indptr, bias)  # CPU tensors: the PyTorch path (per segment here)
         check(out, lse, q, k, v, indptr, bias, dtype, ref)
         for method in ("padded", "scatter"):
             out, lse = ragged_decode_torch(q, k, v, indptr, bias, method=method, chunk=19)
             check(out, lse, q, k, v, indptr, bias, dtype, ref)
 
 
+def make_segments(lengths, batch, G, D, Dv=None, dtype=torch.float32, seed=0, with_bias=False, cap=None):
+    """Random inputs in the cache's extents layout: segment s at ``starts[s]`` with ``lengths[s]`` rows,
+    followed by spare rows filled with NaN (K, V and bias), so any read outside a segment shows.
+    ``cap``: every segment gets capacity ``cap`` (a uniform, strided layout) instead of random spares.
+    Returns (q, k, v, starts, lengths, bias) and the packed (k, v, indptr, bias) of the same segments."""
+    g = torch.Generator().manual_seed(seed)
+    Hkv = len(lengths) // batch
+    Dv = Dv or D
+    spare = [cap - n for n in lengths] if cap is not None else torch.randint(0, 5, (len(lengths),), generator=g).tolist()
+    caps = [n + e for n, e in zip(lengths, spare)]
+    starts = torch.tensor([0] + caps[:-1]).cumsum(0)
+    C = sum(caps)
+    q = torch.randn(batch, Hkv * G, D, generator=g).to(dtype)
+    k = torch.full((C, D), float("nan")).to(dtype)
+    v = torch.full((C, Dv), float("nan")).to(dtype)
+    bias = torch.full((C,), float("nan")) if with_bias else None
+    rows = torch.cat([torch.arange(int(s0), int(s0) + n) for s0, n in zip(starts, lengths)])
+    k[rows] = torch.randn(len(rows), D, generator=g).to(dtype)
+    v[rows] = torch.randn(len(rows), Dv, generator=g).to(dtype)
+    if with_bias:
+        bias[rows] = 2 * torch.randn(len(rows), generator=g)
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    packed = (k[rows], v[rows], indptr, None if bias is None else bias[rows])
+    return (q, k, v, starts, lens, bias), packed
+
+
+# odd lengths, length 1, empty segments, and lengths on both sides of the 16-row tile boundary
+SEG_LENGTHS = [15, 16, 17, 0, 1, 33, 70, 0]
+
+
+@pytest.mark.parametrize("G", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("dtype,with_bias", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True)])
+def test_segment_decode_triton_and_torch_against_reference(G, dtype, with_bias):
+    # the cache's layout (extents with NaN-filled spare rows between them): Triton (16-row tiles, so a
+    # tile boundary falls inside segments of 17, 33, 70), the PyTorch per-segment path and the reference
+    # over the packed copy of the same segments agree
+    (q, k, v, starts, lens, bias), (pk, pv, indptr, pb) = make_segments(
+        SEG_LENGTHS, 2, G, 64, dtype=dtype, with_bias=with_bias, seed=10 * G + with_bias)
+    ref = ragged_decode_reference(q, pk, pv, indptr, pb)
+    seg_ref = segment_decode_reference(q, k, v, starts, lens, bias)
+    assert torch.equal(seg_ref[0], ref[0]) and torch.equal(seg_ref[1], ref[1])  # the two references agree
+    for backend, opts in (("triton", {"block_n": 16}), ("triton", {"block_n": 16, "num_splits": 3}), ("torch", {})):
+        out, lse = segment_decode(q, k, v, starts, lens, bias, backend=backend, **opts)
+        check(out, lse, q, k, v, indptr, bias, dtype, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_torch_path_log2_buckets(monkeypatch, with_bias):
-    # more segments than SEGMENT_LOOP_MAX: the gather-and-pad per log2-length bucket branch
-    import forcedweight.kernels.torch_decode as td
-
-    lengths = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 0, 33, 64, 65, 2, 1]  # 18 segments, 9 buckets
-    q, k, v, indptr, bias = make_case(lengths, 3, 2, 64, with_bias=with_bias, seed=6)
-    out, lse = ragged_decode(q, k, v, indptr, bias)
-    check(out, lse, q, k, v, indptr, bias, torch.float32)
-    monkeypatch.setattr(td, "SEGMENT_LOOP_MAX", 0)  # and the same bucketing for few segments
-    q, k, v, indptr, bias = make_case(LENGTHS, 2, 3, 64, with_bias=with_bias, seed=7)
-    out, lse = ragged_decode(q, k, v, indptr, bias)
-    check(out, lse, q, k, v, indptr, bias, torch.float32)
+@pytest.mark.parametrize("n", [0, 1, 17])
+def test_segment_decode_uniform_strided_layout(dtype, with_bias, n):
+    # equal lengths and capacities (an unevicted cache): the PyTorch path's single strided view
+    (q, k, v, starts, lens, bias), (pk, pv, indptr, pb) = make_segments(
+        [n] * 6, 2, 3, 64, dtype=dtype, with_bias=with_bias, seed=n, cap=n + 5)
+    assert segment_decode_torch.__module__ == "forcedweight.kernels.torch_decode"
+    assert _progression(starts.tolist(), lens.tolist()) == n + 5  # the strided branch is taken
+    ref = ragged_decode_reference(q, pk, pv, indptr, pb)
+    for backend in ("torch", "triton"):
+        out, lse = segment_decode(q, k, v, starts, lens, bias, backend=backend, block_n=16)
+        check(out, lse, q, k, v, indptr, bias, dtype, ref)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_torch_path_uniform_lengths_view(with_bias):
-    # equal lengths take the no-copy view branch of the padded method
-    q, k, v, indptr, bias = make_case([9, 9, 9, 9], 2, 3, 64, with_bias=with_bias, seed=5)
-    out, lse = ragged_decode(q, k, v, indptr, bias)
-    check(out, lse, q, k, v, indptr, bias, torch.float32)
+def test_segment_decode_torch_cross_check_methods(with_bias):
+    (q, k, v, starts, lens, bias), (pk, pv, indptr, pb) = make_segments(
+        SEG_LENGTHS, 2, 3, 64, with_bias=with_bias, seed=21)
+    ref = ragged_decode_reference(q, pk, pv, indptr, pb)
+    for method in ("auto", "padded", "scatter"):
+        out, lse = segment_decode_torch(q, k, v, starts, lens, bias, method=method, chunk=19)
+        check(out, lse, q, k, v, indptr, bias, torch.float32, ref)
+    out, lse = segment_decode_torch(q, k, v, starts, lens, bias, host=(starts.tolist(), lens.tolist()))
+    check(out, lse, q, k, v, indptr, bias, torch.float32, ref)
+
+
+def test_segment_decode_validation():
+    (q, k, v, starts, lens, _), _ = make_segments([5, 4, 3, 2], 1, 2, 64, seed=3)
+    with pytest.raises(InputError, match="past the buffer"):
+        segment_decode(q, k, v, starts + k.shape[0] - 4, lens)
+    with pytest.raises(InputError, match="non-negative"):
+        segment_decode(q, k, v, starts, -lens)
+    with pytest.raises(InputError, match="lengths 3"):
+        segment_decode(q, k, v, starts, lens[:3])
+    with pytest.raises(InputError, match="starts must be"):
+        segment_decode(q, k, v, starts.float(), lens)
 
 
 def test_all_segments_empty():
