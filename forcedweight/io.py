@@ -6,6 +6,8 @@
   a dump's sidecar tables; ``open_parquet`` opens one with an error that names it.
 - ``progress`` is the one progress bar of every long step (rich, on stderr).
 - ``command_line`` is the one way a report records the command that produced it.
+- ``check_dump_complete`` refuses a dump whose ``manifest.json`` says ``complete: false``.
+- ``die_with_parent`` makes a worker process exit when its parent dies (Linux ``prctl``).
 - ``output_lock`` holds an exclusive lock (``fcntl.flock`` on ``.<name>.lock`` beside the output)
   for the whole of a run, so that a second run on the same output is refused, naming the holder.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shlex
 import sys
@@ -62,6 +65,47 @@ def open_parquet(path: Path) -> pq.ParquetFile:
     except (pa.ArrowInvalid, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{path}: not a readable Parquet file ({first})") from None
+
+
+def find_manifest(path: str | os.PathLike) -> Path | None:
+    """The ``manifest.json`` of the dump that ``path`` (a rows file or directory) belongs to, if any.
+
+    Looked for in the directory itself (or a file's directory) and in its parent (a dump whose
+    rows live in a ``rows/`` subdirectory).
+    """
+    path = Path(path)
+    base = path if path.is_dir() else path.parent
+    for d in (base, base.parent):
+        if (d / "manifest.json").is_file():
+            return d / "manifest.json"
+    return None
+
+
+def check_dump_complete(path: str | os.PathLike, allow_incomplete: bool = False) -> dict | None:
+    """Refuse rows of a dump that did not finish (``manifest.json`` says ``complete: false``).
+
+    Returns the manifest (None when ``path`` has none: rows made by other tools are taken as
+    they are). Raises InputError naming the dump and how to resume it, unless
+    ``allow_incomplete`` (then the rows written so far are used).
+    """
+    manifest_path = find_manifest(path)
+    if manifest_path is None:
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"{manifest_path}: unreadable manifest (not a JSON object)")
+    if manifest.get("complete") is False and not allow_incomplete:
+        expected = manifest.get("n_rows")
+        of = f" of {expected} rows" if expected is not None else ""
+        raise InputError(
+            f"{manifest_path.parent}: incomplete dump (manifest.json says complete: false; a killed or running "
+            f"`forcedweight dump`{of}); resume it by rerunning the same `forcedweight dump ... --out "
+            f"{manifest_path.parent}` command, or pass --allow-incomplete to use the rows written so far"
+        )
+    return manifest
 
 
 def check_output_file(target: str | os.PathLike) -> Path:
@@ -133,6 +177,32 @@ def fsync_dir(path: str | os.PathLike) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(sig: int = 9) -> bool:
+    """Ask the kernel to send ``sig`` (default SIGKILL) to this process when its parent dies.
+
+    Linux ``prctl(PR_SET_PDEATHSIG)`` through ctypes; returns False where unavailable (other
+    systems). The parent is the thread that forked this process. When the parent is already gone
+    (re-parented to init) the process exits at once.
+    """
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:
+        os._exit(1)
+    return True
 
 
 def lock_path_for(out: str | os.PathLike) -> Path:

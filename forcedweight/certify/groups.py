@@ -34,7 +34,7 @@ import pyarrow as pa
 from forcedweight.certify.pool import MAX_SUBSETS, pool_best
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import check_output_file, list_parquet_files, open_parquet, output_lock, write_table_atomic
+from forcedweight.io import check_dump_complete, check_output_file, list_parquet_files, open_parquet, output_lock, write_table_atomic
 from forcedweight.rows import Row, iter_batches, rows_from_batch
 from forcedweight.core.stats import selector_ratio
 
@@ -141,6 +141,7 @@ def group_voting(
     max_subsets: int = 64,
     seed: int = 0,
     pool_max_subsets: int = MAX_SUBSETS,
+    allow_incomplete: bool = False,
 ) -> Path:
     """Group-voting costs of every KV group in dumped rows; writes one Parquet file atomically.
 
@@ -168,6 +169,7 @@ def group_voting(
     if pool_mass < 0 or pool_error < 0:
         raise InputError(f"--pool-mass and --pool-error must be >= 0, got {pool_mass} and {pool_error}")
     src, out = Path(rows_path), Path(out)
+    check_dump_complete(rows_path, allow_incomplete)
     if src.is_dir() and src.resolve() in out.resolve().parents:
         raise InputError(f"{out}: output inside the input directory {src} would be read as input")
     with output_lock(out, "groups"):

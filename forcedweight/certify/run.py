@@ -12,12 +12,15 @@
    clean fork server that preloads the modules, each with ``max(1, cores // N)`` Numba and BLAS
    threads; the fork server keeps the thread environment of the first pool), or a Dask cluster
    (``scheduler=ADDRESS``; ``distributed.Client(address)``; Numba threads left to the workers).
+   Local workers and the fork server exit when their parent dies (``io.die_with_parent``).
    At most 2 shards per worker process (or per Dask worker thread) are in flight, so memory
    stays bounded.
-4. **Resume.** Each finished shard is written atomically as ``part-<position>.parquet`` in the
-   hidden work directory ``.<OUT name>.parts/`` beside the output, with ``state.json`` holding a
-   fingerprint of the input files (path, size, mtime), the budgets and the options. A rerun with
-   the same fingerprint reuses the parts; with a different one the directory is cleared and the
+4. **Resume.** Each finished shard is written atomically (fsync'd, then renamed) as
+   ``part-<position>.parquet`` in the hidden work directory ``.<OUT name>.parts/`` beside the
+   output, with ``state.json`` holding a fingerprint of the input files (path, size, mtime), the
+   budgets and the options, and each finished part's record count. A rerun with the same
+   fingerprint reuses the parts that read back whole with the recorded count (``part_problem``)
+   and certifies the others again (a note names each); with a different one the directory is cleared and the
    run starts over (a note goes to stderr). A run stopped by an error mid-way leaves no output
    file, but its parts stay for the next run.
 5. **Assembly.** The parts are concatenated, sorted by ``(row_id, s)``, written atomically to
@@ -227,10 +230,26 @@ def _shard_task(batch, start, source, s_values, options, skip_invalid):
         return ("row_error", exc.row_id, exc.reason, exc.source)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int | None = None) -> None:
+    """Worker start: die with the parent (the fork server, or the caller under spawn), and set the
+    Numba threads. ``parent`` is the caller's pid: a worker that starts after it died exits."""
     import numba
 
+    fio.die_with_parent()
+    if parent is not None and not _alive(parent):
+        os._exit(1)
+
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ------------------------------------------------------------------------------------------
@@ -246,21 +265,49 @@ def fingerprint(path, s_values, options: CertifyOptions, skip_invalid: bool, chu
             "options": options.to_dict(), "skip_invalid": bool(skip_invalid), "chunk_rows": chunk_rows}
 
 
-def prepare_parts_dir(parts: Path, state: dict, note) -> None:
-    """Create the work directory, or reuse it when its state matches; else clear it."""
+def prepare_parts_dir(parts: Path, state: dict, note) -> dict[str, int]:
+    """Create the work directory, or reuse it when its state matches; else clear it.
+
+    Returns the parts recorded as finished (name -> row count) by the run that left them.
+    """
     state_file = parts / "state.json"
     if parts.exists():
         try:
             old = json.loads(state_file.read_text())
         except (OSError, ValueError):
             old = None
-        if old == state:
-            return
+        recorded = old.pop("parts", {}) if isinstance(old, dict) else {}
+        if old == state and isinstance(recorded, dict):
+            return {str(k): int(v) for k, v in recorded.items()}
         note(f"note: {parts} holds parts of a run with other input or options; starting over")
         shutil.rmtree(parts)
     parts.mkdir(parents=True)
-    with fio.atomic_path(state_file) as tmp:
-        tmp.write_text(json.dumps(state, indent=1))
+    write_state(parts, state, {})
+    return {}
+
+
+def write_state(parts: Path, state: dict, done: dict[str, int]) -> None:
+    """``state.json``: the run's fingerprint and the finished parts with their row counts (atomic)."""
+    with fio.atomic_path(parts / "state.json") as tmp:
+        tmp.write_text(json.dumps({**state, "parts": done}, indent=1))
+
+
+def part_problem(file: Path, expected_rows: int, recorded_rows: int | None) -> str | None:
+    """Why a finished part cannot be trusted on resume (None when it can).
+
+    A part is trusted when ``state.json`` records it, its footer and data read back, and it holds
+    the recorded number of records, which is one per (row, s) of its shard.
+    """
+    if recorded_rows is None:
+        return "not recorded as finished"
+    try:
+        n = pq.read_table(file).num_rows
+    except (OSError, pa.ArrowException) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"unreadable ({first})"
+    if n != recorded_rows or n != expected_rows:
+        return f"holds {n} records, state.json records {recorded_rows}, the shard needs {expected_rows}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -290,8 +337,11 @@ def _check_paths(path, out: Path) -> None:
 
 def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, workers: int = 1,
                 scheduler: str | None = None, skip_invalid: bool = False, progress: bool = True,
-                chunk_rows: int = 64) -> Path:
+                chunk_rows: int = 64, allow_incomplete: bool = False) -> Path:
     """Certify every (row, s) of a Parquet file/directory into ``out`` (see the module doc).
+
+    The rows of an unfinished dump (``manifest.json``: ``complete: false``) are refused unless
+    ``allow_incomplete`` (``io.check_dump_complete``).
 
     The whole run holds ``io.output_lock(out)``: a second run on the same ``out`` is refused
     (InputError naming the holder's pid) instead of mixing its parts with this one's.
@@ -313,6 +363,7 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
         raise InputError(f"--workers must be >= 1, got {workers}")
     if chunk_rows < 1:
         raise InputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
+    fio.check_dump_complete(path, allow_incomplete)
     with fio.output_lock(out, "certify"):
         return _run_locked(path, out, s_values, options, workers, scheduler, skip_invalid, progress,
                            chunk_rows)
@@ -338,6 +389,8 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
         if result[0] == "row_error":
             raise RowError(result[1], result[2], result[3])
         fio.write_table_atomic(result[1], parts / shard.name)
+        done[shard.name] = result[1].num_rows
+        write_state(parts, state, done)
         written += 1
         if kill_after and written >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -345,13 +398,14 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
     executor, owned, slots = _executor(workers, scheduler)  # connect first: a bad address leaves nothing
     ok = False
     try:
-        prepare_parts_dir(parts, fingerprint(path, s_values, options, skip_invalid, chunk_rows), note)
+        state = fingerprint(path, s_values, options, skip_invalid, chunk_rows)
+        done = prepare_parts_dir(parts, state, note)
         with _progress(progress, total) as advance:
             pending: dict = {}
 
             def drain() -> None:
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for fut in done:
+                finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in finished:
                     shard = pending.pop(fut)
                     finish(shard, fut.result())
                     advance(shard.length)
@@ -359,9 +413,15 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
             for shard, batch in iter_shards(path, chunk_rows):
                 shards.append(shard)
                 schema_seen = schema_seen or batch.schema
-                if (parts / shard.name).exists():
-                    advance(shard.length)
-                    continue
+                part = parts / shard.name
+                if part.exists() or shard.name in done:
+                    problem = part_problem(part, shard.length * len(s_values), done.get(shard.name))
+                    if problem is None:
+                        advance(shard.length)
+                        continue
+                    note(f"note: {part}: {problem}; certifying its rows again")
+                    done.pop(shard.name, None)
+                    part.unlink(missing_ok=True)
                 args = (batch, shard.start, shard.source, s_values, options, skip_invalid)
                 if executor is None:
                     finish(shard, _shard_task(*args))
@@ -422,18 +482,23 @@ def _executor(workers: int, scheduler: str | None):
                 os.environ[k] = v
 
     ex = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(),
-                             initializer=_init_worker, initargs=(threads,))
+                             initializer=_init_worker, initargs=(threads, os.getpid()))
     return ex, [restore], workers
 
 
 #: imported once by the fork server, so that workers start without re-importing them
-PRELOAD = ("forcedweight.certify.run", "forcedweight.certify.enumerate", "forcedweight.certify.solvers.bnb",
+PRELOAD = ("forcedweight.certify.worker_guard", "forcedweight.certify.run", "forcedweight.certify.enumerate", "forcedweight.certify.solvers.bnb",
            "forcedweight.certify.solvers.mitm")
 
 
 def _mp_context():
     """A fork server (a clean process, never the caller's threads or torch state) with the
-    certification modules preloaded; plain spawn where fork servers do not exist."""
+    certification modules preloaded; plain spawn where fork servers do not exist.
+
+    The fork server imports ``worker_guard`` first, which ties it to the caller
+    (``io.die_with_parent``); each worker ties itself to the fork server in ``_init_worker``. So a
+    killed caller (kill -9 included) takes the fork server, then its workers, with it; the
+    resource tracker exits when their pipes close."""
     import multiprocessing as mp
 
     if "forkserver" in mp.get_all_start_methods():
@@ -456,6 +521,7 @@ def certify_file(
     skip_invalid: bool = False,
     progress: bool = True,
     chunk_rows: int = 64,
+    allow_incomplete: bool = False,
 ) -> Path:
     """Certify every row of a Parquet file/directory at every budget; write RESULTS atomically.
 
@@ -463,4 +529,4 @@ def certify_file(
     """
     return run_certify(input, out, s_values, options or CertifyOptions(), workers=workers,
                        scheduler=scheduler, skip_invalid=skip_invalid, progress=progress,
-                       chunk_rows=chunk_rows)
+                       chunk_rows=chunk_rows, allow_incomplete=allow_incomplete)

@@ -24,6 +24,7 @@ def certify(
     max_subsets: int = typer.Option(4_000_000, "--max-subsets", help="Cap on C(pool, s) (default keeps the full pool of 28 at s = 8); larger pools are shrunk."),
     chunk_rows: int = typer.Option(64, "--chunk-rows", help="Rows per shard (unit of work and of resume)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Take the rows of an unfinished dump (manifest complete: false)."),
 ) -> None:
     """Find and certify the best kept subsets under forced weights; one output row per (row_id, s)."""
     from forcedweight.certify import CertifyOptions, certify_file
@@ -31,7 +32,8 @@ def certify(
     options = CertifyOptions(pool_mass=pool_mass, pool_error=pool_error, solver=solver,
                              time_limit=time_limit, seed=seed, max_subsets=max_subsets)
     path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
-                        skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows)
+                        skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows,
+                        allow_incomplete=allow_incomplete)
     typer.echo(str(path))
 
 

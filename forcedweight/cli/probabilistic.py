@@ -56,12 +56,14 @@ def study(
     ratios: str = RATIOS, taus: str = TAUS, seeds: int = SEEDS, proposal: Optional[List[str]] = PROPOSAL,
     evict_at: str = EVICT_AT, temperature: float = TEMPERATURE, mix: float = MIX, share_gqa: bool = SHARE,
     seed: int = SEED, progress: bool = PROGRESS,
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Take the rows of an unfinished dump (manifest complete: false)."),
 ) -> None:
     """Top-k vs sampled vs sampled+corrected eviction error on dumped trajectories; Table 1 of paper 000."""
     from forcedweight.probabilistic.study import run_study
 
     cfg = _config(ratios, taus, seeds, proposal, evict_at, temperature, mix, share_gqa, seed)
-    path = run_study(rows, out, cfg, command=command_line(), progress=progress)
+    path = run_study(rows, out, cfg, command=command_line(), progress=progress,
+                     allow_incomplete=allow_incomplete)
     typer.echo(str(Path(path) / "report.md"))
 
 

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from forcedweight.core.operator import top_s
 from forcedweight.dump import builtin_texts, dump_rows
 from forcedweight.errors import InputError
-from forcedweight.io import list_parquet_files, output_lock, progress as progress_bar
+from forcedweight.io import check_dump_complete, list_parquet_files, output_lock, progress as progress_bar
 from forcedweight.probabilistic import study_outputs as so
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
 from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
@@ -376,8 +376,12 @@ def run_study(
     cfg: StudyConfig | None = None,
     command: str = "",
     progress: bool = True,
+    allow_incomplete: bool = False,
 ) -> Path:
     """Run the whole study on an all-positions dump and write its outputs into ``out_dir``.
+
+    The rows of an unfinished dump (``manifest.json``: ``complete: false``) are refused unless
+    ``allow_incomplete``.
 
     Writes ``records`` (one per text, layer, head, position, proposal, ratio, method, tau),
     ``summary`` (means per proposal, method, tau, ratio), ``compression_draws`` and ``compression``
@@ -386,6 +390,7 @@ def run_study(
     Every file is written atomically. Returns ``out_dir``.
     """
     cfg = cfg or StudyConfig()
+    check_dump_complete(rows_dir, allow_incomplete)
     trajs = load_trajectories(rows_dir)
     if not trajs:
         raise InputError(f"{rows_dir}: no trajectories")

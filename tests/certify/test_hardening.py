@@ -1,14 +1,13 @@
 """Concurrency and crash hardening of certify and groups (issue 16 items 1-4)."""
 
 import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
 
 from forcedweight.certify import certify_file
 from forcedweight.errors import InputError
-from tests.certify.test_certify import OPTS, REPO, _rec, _run_sub, _write
+from tests.certify.test_certify import OPTS, _rec, _run_sub, _same, _table, _write
 from tests.test_io import hold_lock
 
 
@@ -47,4 +46,107 @@ def test_groups_refused_while_its_output_is_locked(rows_file, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "truncated", "short"])
+def test_a_damaged_part_is_redone_on_resume(rows_file, tmp_path, damage):
+    from forcedweight.certify.run import KILL_HOOK, parts_dir_for
+
+    ref = certify_file(rows_file, tmp_path / "ref.parquet", [3, 4], **OPTS)
+    out = tmp_path / "out.parquet"
+    args = [rows_file, "--s", 3, "--s", 4, "--pool-mass", 2, "--pool-error", 2, "--chunk-rows", 2]
+    killed = _run_sub(args + ["--out", out], {KILL_HOOK: "1"})
+    assert killed.returncode == -9, killed.stderr
+    (part,) = sorted(parts_dir_for(out).glob("part-*.parquet"))
+    if damage == "zeroed":
+        part.write_bytes(b"")  # what an un-fsync'd rename leaves after a power cut
+    elif damage == "truncated":
+        part.write_bytes(part.read_bytes()[:-20])
+    else:  # readable, but fewer records than state.json recorded
+        t = pq.read_table(part)
+        pq.write_table(t.slice(0, t.num_rows - 1), part)
+    again = _run_sub(args + ["--out", out])
+    assert again.returncode == 0, again.stderr
+    assert f"{part.name}" in again.stderr and "certifying its rows again" in again.stderr
+    _same(_table(out), _table(ref))
+
+
+def _incomplete_dump(tmp_path):
+    import json
+
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    _write(dump / "rows-000.parquet", [_rec(i, 10) for i in range(2)])
+    (dump / "manifest.json").write_text(json.dumps({"format": 1, "n_rows": 40, "complete": False}))
+    return dump
+
+
+def test_an_incomplete_dump_is_refused_unless_allowed(tmp_path):
+    from forcedweight.certify.groups import group_voting
+    from forcedweight.probabilistic.study import run_study
+
+    dump = _incomplete_dump(tmp_path)
+    out = tmp_path / "res.parquet"
+    res = _run_sub([dump, "--s", 3, "--out", out])
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:")
+    assert str(dump) in lines[0] and "complete: false" in lines[0] and "--allow-incomplete" in lines[0]
+    assert "resume" in lines[0] and not out.exists()
+    with pytest.raises(InputError, match="incomplete dump"):
+        group_voting(dump, [3], tmp_path / "g.parquet")
+    with pytest.raises(InputError, match="incomplete dump"):
+        run_study(dump, tmp_path / "study", progress=False)
+    assert not (tmp_path / "g.parquet").exists() and not (tmp_path / "study").exists()
+    # one rows file of the dump is refused the same way
+    with pytest.raises(InputError, match="incomplete dump"):
+        certify_file(dump / "rows-000.parquet", out, [3], **OPTS)
+    ok = _run_sub([dump, "--s", 3, "--out", out, "--allow-incomplete"])
+    assert ok.returncode == 0, ok.stderr
+    assert pq.read_table(out).num_rows == 2
+    # once the manifest says complete the rows are taken as they are
+    import json
+
+    (dump / "manifest.json").write_text(json.dumps({"format": 1, "n_rows": 2, "complete": True}))
+    certify_file(dump, tmp_path / "res2.parquet", [3], **OPTS)
+    assert pq.read_table(tmp_path / "res2.parquet").num_rows == 2
+
+
+def test_workers_exit_when_the_parent_is_killed(tmp_path):
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from tests.certify.test_certify import REPO
+
+    src = _write(tmp_path / "many.parquet", [_rec(i, 40) for i in range(400)], row_group_size=400)
+    out = tmp_path / "res.parquet"
+    code = "from forcedweight.cli import main; main()"
+    proc = psutil.Popen([__import__("sys").executable, "-c", code, "certify", str(src), "--s", "8", "--s", "12",
+                         "--workers", "2", "--chunk-rows", "1", "--no-progress", "--out", str(out)], cwd=REPO,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        kids = []
+        while time.monotonic() < deadline:  # fork server + 2 workers (+ resource tracker)
+            kids = proc.children(recursive=True)
+            workers = [k for k in kids if k.ppid() != proc.pid]
+            if len(workers) >= 2:
+                break
+            assert proc.poll() is None, "certify finished before its workers could be seen"
+            time.sleep(0.2)
+        assert len(workers) >= 2, kids
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        gone, alive = psutil.wait_procs(kids, timeout=10)
+        assert not alive, [(p.pid, p.name()) for p in alive]  # every helper process is gone within 10 s
+    finally:
+        for k in [proc, *kids]:  # never leave them behind, even when the test fails
+            try:
+                k.kill()
+            except psutil.NoSuchProcess:
+                pass
     assert not out.exists()
