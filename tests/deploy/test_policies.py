@@ -273,3 +273,47 @@ def test_expected_attention_equals_kvpress(prefill, eager, layer_inputs, model):
         ref = _kvpress_expected_attention(model, layer, layer_inputs[layer], keys[layer], vals[layer])
         np.testing.assert_allclose(sc[layer], ref, rtol=1e-5, atol=1e-7)  # float32 queries/keys in the model
         assert not np.allclose(sc[layer][0], sc[layer][1])
+
+
+def test_kvzip_equals_max_reconstruction_attention_from_eager(model, prefill, context_ids):
+    """Reference: each chunk's repeat prompt run by the eager model on its own cache of the context;
+    kvpress's subsampled softmax is the eager row renormalised over {sinks, chunk, repeat tokens}."""
+    tok = prefill.tokenizer  # the same instance: byte_tokenizer()'s ids differ between instances
+    chunk, n_sink = 40, 4
+    before = [prefill.keys(layer).clone() for layer in range(2)]
+    pol = make_policy("kvzip", chunk_size=chunk)
+    sc = pol.score(prefill)
+    for layer in range(2):  # the Prefill's cache is not mutated
+        assert prefill.cache.layers[layer].keys.shape[2] == N_CTX
+        torch.testing.assert_close(prefill.keys(layer), before[layer], rtol=0, atol=0)
+    ref = np.zeros((2, 2, N_CTX))
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        chunks = [context_ids[:, s:s + chunk] for s in range(0, N_CTX, chunk)]
+        for i, a in enumerate(chunks):
+            prompt = ("\n\nRepeat the previous context exactly." if i == 0 else
+                      "\n\nRepeat the part of the previous context exactly, starting with")
+            q = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+            if i:
+                q = torch.cat([q, chunks[i - 1][:, -8:]], dim=1)
+            rep = torch.cat([q, torch.tensor([tok.encode("\n", add_special_tokens=False)]), a], dim=1)
+            cache = DynamicCache(config=model.config)
+            with torch.no_grad():
+                model(context_ids, cache=cache, use_cache=True)
+                out = model(rep, cache=cache, use_cache=True, output_attentions=True)
+            start, end, L = i * chunk, i * chunk + a.shape[1], rep.shape[1]
+            sink = min(n_sink, start)
+            cols = np.r_[0:sink, start:end, N_CTX:N_CTX + L]
+            for layer in range(2):
+                A = out.attentions[layer][0].double().numpy()  # (H_q, L, N + L)
+                sub = A[:, :, cols] / A[:, :, cols].sum(axis=-1, keepdims=True)
+                part = sub[:, :, sink:sink + end - start]  # (H_q, L, c)
+                ref[layer, :, start:end] = part.reshape(2, 2 * L, -1).max(axis=1)
+    finally:
+        model.config._attn_implementation = previous
+    ref[..., :n_sink] = ref.max() + 1
+    for layer in range(2):
+        np.testing.assert_allclose(sc[layer], ref[layer], rtol=0, atol=ATOL)
+    assert pol.last_cost["forward_tokens"] > N_CTX and pol.last_cost["prefill_multiple"] > 1
+    assert make_policy("kvzip").query_agnostic

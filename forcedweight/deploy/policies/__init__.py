@@ -9,13 +9,14 @@ from __future__ import annotations
 from forcedweight.deploy.policies.attention import H2OPolicy, SnapKVPolicy, TOVAPolicy
 from forcedweight.deploy.policies.base import Policy
 from forcedweight.deploy.policies.expected_attention import ExpectedAttentionPolicy
+from forcedweight.deploy.policies.kvzip import KVzipPolicy
 from forcedweight.deploy.policies.simple import KnormPolicy, RandomPolicy, StreamingLLMPolicy
 from forcedweight.errors import InputError
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (RandomPolicy, StreamingLLMPolicy, KnormPolicy, TOVAPolicy, H2OPolicy, SnapKVPolicy,
-                ExpectedAttentionPolicy)
+                ExpectedAttentionPolicy, KVzipPolicy)
 }
 
 
@@ -27,5 +28,5 @@ def make_policy(name: str, **options) -> Policy:
     return cls(**options)
 
 
-__all__ = ["POLICIES", "ExpectedAttentionPolicy", "H2OPolicy", "KnormPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
+__all__ = ["POLICIES", "ExpectedAttentionPolicy", "H2OPolicy", "KVzipPolicy", "KnormPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
            "TOVAPolicy", "make_policy"]
