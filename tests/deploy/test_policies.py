@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache
 from forcedweight.core.operator import top_s
 from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
 from forcedweight.deploy.policies import POLICIES, make_policy
+from forcedweight.deploy.policies.compactor import sketch
 from forcedweight.deploy.prefill import copy_dense_cache, prefill_context
 from forcedweight.errors import InputError
 from forcedweight.models import byte_tokenizer, tiny_llama
@@ -317,3 +318,90 @@ def test_kvzip_equals_max_reconstruction_attention_from_eager(model, prefill, co
         np.testing.assert_allclose(sc[layer], ref[layer], rtol=0, atol=ATOL)
     assert pol.last_cost["forward_tokens"] > N_CTX and pol.last_cost["prefill_multiple"] > 1
     assert make_policy("kvzip").query_agnostic
+
+
+@torch.no_grad()
+def _kvpress_compactor(model, layer, hidden, values, phi, chunk, blending, left=8, right=4):
+    """kvpress 0.5.5 CompactorPress.score (leverage + non-causal chunked attention), float64, from the
+    layer input: pre-RoPE keys = k_proj, queries = q_proj + the model's RoPE."""
+    attn = model.model.layers[layer].self_attn
+    H, Hkv, d = model.config.num_attention_heads, model.config.num_key_value_heads, attn.head_dim
+    n = hidden.shape[1]
+    pos = torch.arange(n)[None]
+    cos, sin = model.model.rotary_emb(hidden.float(), pos)
+    cos, sin = cos.double(), sin.double()
+    hs = hidden[:, left:n - right]
+    cos, sin = cos[:, left:n - right], sin[:, left:n - right]
+    k_pre = (hs @ attn.k_proj.weight.double().T).view(1, -1, Hkv, d).transpose(1, 2)
+    rot = lambda x: torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)  # noqa: E731
+    keys = k_pre * cos[:, None] + rot(k_pre) * sin[:, None]
+    # LeverageScorePress.compute_leverage_scores with the given sketch
+    X = (k_pre - k_pre.mean(dim=-2, keepdim=True)) @ phi[None]
+    G = X.transpose(-2, -1) @ X
+    L = torch.linalg.cholesky(0.5 * (G + G.transpose(-2, -1)) + 1e-2 * torch.eye(G.shape[-1], dtype=G.dtype))
+    lev = (X * torch.cholesky_solve(X.transpose(-2, -1), L).transpose(-2, -1)).sum(-1).clamp_min(0)
+    lev = (lev - lev.mean()) / lev.std().clamp_min(1e-6)
+    # NonCausalAttnPress.score
+    q = (hs @ attn.q_proj.weight.double().T).view(1, -1, H, d).transpose(1, 2)
+    q = q * cos[:, None] + rot(q) * sin[:, None]
+    kk = keys.repeat_interleave(H // Hkv, dim=1)
+    S = q.shape[2]
+    S_pad = math.ceil(S / chunk) * chunk
+    pad = S_pad - S
+    qp = torch.cat([q, torch.zeros(1, H, pad, d, dtype=q.dtype)], dim=2)
+    kp = torch.cat([kk, torch.zeros(1, H, pad, d, dtype=q.dtype)], dim=2)
+    last = (S // chunk) * chunk if pad > 0 else ((S - 1) // chunk) * chunk
+    m = (torch.arange(last, S_pad) >= S).view(1, 1, chunk).expand(1, H, chunk)
+    dots = torch.matmul(qp.view(1, H, -1, chunk, d), kp.view(1, H, -1, chunk, d).transpose(-2, -1))
+    dots[:, :, -1].masked_fill_(m.unsqueeze(-1), 0)
+    dots[:, :, -1].masked_fill_(m.unsqueeze(-2), -1e-9)
+    A = torch.softmax(dots, dim=-1).sum(dim=-2).view(1, H, S_pad)[..., :S]
+    A = A.view(1, Hkv, -1, S).mean(dim=-2) * torch.tensor(values)[None, :, left:n - right].norm(dim=-1)
+    A = torch.nn.functional.avg_pool1d(A, kernel_size=3, padding=1, stride=1)
+    A = (A - A.mean()) / A.std().clamp_min(1e-6)
+    sc = blending * lev + A
+    return torch.nn.functional.pad(sc, (left, right), value=sc.max().item())[0].numpy()
+
+
+@pytest.mark.parametrize("chunk,ratio", [(256, 0.5), (32, 0.75), (42, 0.9)])
+def test_compactor_equals_kvpress(prefill, eager, layer_inputs, model, chunk, ratio):
+    _, _, vals, _ = eager
+    pol = make_policy("compactor", chunk_size=chunk, seed=5)
+    assert pol.depends_on_ratio and pol.query_agnostic
+    sc = pol.score(prefill, compression_ratio=ratio)
+    for layer in range(2):
+        phi = sketch(5, layer, 2, 16, 48)
+        ref = _kvpress_compactor(model, layer, layer_inputs[layer], vals[layer], phi, chunk, ratio)
+        np.testing.assert_allclose(sc[layer], ref, rtol=0, atol=1e-4)  # z-scores of float32 model tensors
+    padded = pol.padded_scores(prefill, compression_ratio=ratio)
+    np.testing.assert_array_equal(padded[0], sc[0])
+    assert not np.allclose(pol.score(prefill, compression_ratio=0.1)[0], sc[0])  # the blending follows r
+
+
+def _kept(policy, pre, ratio=0.5, allocator="uniform"):
+    sc = policy.padded_scores(pre, compression_ratio=ratio)
+    counts = make_allocator(allocator).allocate(sc, budget_for(pre.n_tokens, pre.n_layers, pre.n_kv_heads, ratio))
+    return [[k.tolist() for k in heads] for heads in select(sc, counts)]
+
+
+def test_question_does_not_change_query_agnostic_kept_sets(model, prefill, context_ids):
+    """The protocol: the policy scores the context's Prefill; the question is fed afterwards to a copy of
+    the cache. Two questions leave every query-agnostic policy's kept set unchanged, the Prefill intact,
+    and a new prefill of the same context (the next example, another question) gives the same sets."""
+    agnostic = [n for n, c in POLICIES.items() if c.query_agnostic]
+    assert set(agnostic) == set(POLICIES)  # every policy here is query-agnostic (kvpress's query_aware: false)
+    opts = {"kvzip": {"chunk_size": 40}}
+    first = {n: _kept(make_policy(n, **opts.get(n, {})), prefill) for n in agnostic}
+    for seed in (1, 2):
+        question = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(seed))
+        cache = copy_dense_cache(prefill.cache, model)
+        with torch.no_grad():
+            model(question, cache=cache, use_cache=True)
+        assert cache.get_seq_length() == N_CTX + 12 and prefill.cache.get_seq_length() == N_CTX
+        again = prefill_context(model, prefill.tokenizer, context_ids)
+        for n in agnostic:
+            pol = make_policy(n, **opts.get(n, {}))
+            assert _kept(pol, prefill) == first[n], n
+            assert _kept(pol, again) == first[n], n
+    # the sets differ between policies (the test can fail)
+    assert first["knorm"] != first["tova"] and first["snapkv"] != first["streaming_llm"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from forcedweight.deploy.policies.attention import H2OPolicy, SnapKVPolicy, TOVAPolicy
 from forcedweight.deploy.policies.base import Policy
+from forcedweight.deploy.policies.compactor import CompactorPolicy
 from forcedweight.deploy.policies.expected_attention import ExpectedAttentionPolicy
 from forcedweight.deploy.policies.kvzip import KVzipPolicy
 from forcedweight.deploy.policies.simple import KnormPolicy, RandomPolicy, StreamingLLMPolicy
@@ -16,7 +17,7 @@ from forcedweight.errors import InputError
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (RandomPolicy, StreamingLLMPolicy, KnormPolicy, TOVAPolicy, H2OPolicy, SnapKVPolicy,
-                ExpectedAttentionPolicy, KVzipPolicy)
+                ExpectedAttentionPolicy, KVzipPolicy, CompactorPolicy)
 }
 
 
@@ -28,5 +29,5 @@ def make_policy(name: str, **options) -> Policy:
     return cls(**options)
 
 
-__all__ = ["POLICIES", "ExpectedAttentionPolicy", "H2OPolicy", "KVzipPolicy", "KnormPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
+__all__ = ["POLICIES", "CompactorPolicy", "ExpectedAttentionPolicy", "H2OPolicy", "KVzipPolicy", "KnormPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
            "TOVAPolicy", "make_policy"]
