@@ -128,6 +128,19 @@ def tiny_llama_config(
     )
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what tokenizers' ``ByteLevel`` spells bytes as)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
 def byte_tokenizer(max_length: int = 512):
     """A self-contained byte-level tokenizer (256 bytes + specials), no download needed."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -135,8 +148,10 @@ def byte_tokenizer(max_length: int = 512):
 
     specials = ["<pad>", "<s>", "</s>"]
     vocab = {tok: i for i, tok in enumerate(specials)}
-    for b in pre_tokenizers.ByteLevel.alphabet():
-        vocab.setdefault(b, len(vocab))
+    # bytes in order 0..255 (ByteLevel.alphabet() is a set: its order changes from process to process)
+    spelling = bytes_to_unicode()
+    for b in range(256):
+        vocab.setdefault(spelling[b], len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), pre_tokenizers.Split("", "isolated")]
@@ -251,3 +266,79 @@ def save_tiny_family_model(directory: str | os.PathLike, family: str, seed: int 
     model.save_pretrained(directory)
     byte_tokenizer(model.config.max_position_embeddings).save_pretrained(directory)
     return directory
+
+
+# GGUF architecture name of each family whose GGUF transformers can load (a family absent here is
+# refused by save_tiny_gguf). transformers reads only the keys of its GGUF config mapping: a Gemma 2
+# GGUF carries no soft-cap or query_pre_attn_scalar (the loaded model takes Gemma2Config's
+# defaults, 50.0 and 256), so the tiny Gemma 2 written as GGUF uses those values (and, like every
+# Gemma, tied embeddings). A Qwen 3 GGUF carries no head_dim (transformers takes 128): not written.
+_GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "gemma2": "gemma2"}
+_GGUF_OVERRIDES = {"gemma2": dict(attn_logit_softcapping=50.0, query_pre_attn_scalar=256, tie_word_embeddings=True)}
+
+
+def save_tiny_gguf(path: str | os.PathLike, family: str, seed: int = 0) -> Path:
+    """Write a tiny random ``family`` model and the byte tokenizer as one float32 ``.gguf`` file.
+
+    Tensor names and layouts follow llama.cpp's converter as transformers reads it back (Llama's
+    query/key rows permuted, Gemma's RMSNorm weights stored as ``1 + w``); the tokenizer is a
+    byte-level BPE without merges over the byte tokenizer's vocabulary (same token ids).
+    Returns the path of the file.
+    """
+    import gguf
+    import numpy as np
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    if family not in _GGUF_ARCH:
+        raise InputError(f"save_tiny_gguf: no GGUF writer for family {family!r} ({', '.join(_GGUF_ARCH)})")
+    arch = _GGUF_ARCH[family]
+    model = tiny_family_model(family, seed, **_GGUF_OVERRIDES.get(family, {}))
+    cfg = model.config
+    path = Path(path)
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, attr in GGUF_CONFIG_MAPPING[arch].items():
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        value = head_dim if key == "rope.dimension_count" else getattr(cfg, attr, None) if attr else None
+        if key == "rope.freq_base":
+            value = cfg.rope_parameters["rope_theta"]
+        if value is None or key == "vocab_size":
+            continue
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(f"{arch}.{key}", value)
+    tok = byte_tokenizer(cfg.max_position_embeddings)
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    tokens = [t for t, _ in vocab] + [f"<unused{i}>" for i in range(cfg.vocab_size - len(vocab))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in ("<pad>", "<s>", "</s>") else 1 for t in tokens])
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    writer.add_pad_token_id(cfg.pad_token_id)
+    writer.add_add_bos_token(False)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), cfg.num_hidden_layers)
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        base, suffix = hf_name.rsplit(".", 1)
+        name = names.get_name(base)
+        if name is None:
+            raise InputError(f"save_tiny_gguf: no GGUF name for tensor {hf_name}")
+        w = tensor.detach().to(torch_float32()).numpy().copy()
+        if arch == "llama" and name.endswith(("attn_q", "attn_k")):  # llama.cpp's permute
+            heads = cfg.num_attention_heads if name.endswith("attn_q") else cfg.num_key_value_heads
+            w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        if arch == "gemma2" and base.endswith("norm"):
+            w = w + 1.0
+        writer.add_tensor(f"{name}.{suffix}", np.ascontiguousarray(w, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def torch_float32():
+    import torch
+
+    return torch.float32

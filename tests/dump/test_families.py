@@ -266,3 +266,26 @@ def test_cli_dump_model_directory(family, tmp_path, monkeypatch, capsys):
     reloaded = models.load_model(model_dir)  # compare with the model as loaded from the directory
     assert type(reloaded.model).__name__ == type(models.tiny_family_model(family)).__name__
     assert check_against_eager(reloaded.model, out, family) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+def test_dump_model_gguf(family, tmp_path, monkeypatch, capsys):
+    from forcedweight.cli import main
+
+    gguf_path = models.save_tiny_gguf(tmp_path / f"{family}.gguf", family, seed=4)
+    (tmp_path / "t.txt").write_text(TEXT)
+    out = tmp_path / "o"
+    monkeypatch.setattr(sys, "argv", ["forcedweight", "dump", "--out", str(out), "--model", str(gguf_path),
+                                      "--text-file", str(tmp_path / "t.txt"), *FORCEDWEIGHT_ARGS])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 0
+    reloaded = models.load_model(gguf_path)
+    assert check_against_eager(reloaded.model, out, family) > 0
+    # the GGUF holds the same model: its rows equal those of the model built in memory (float32: 1e-6)
+    same = models.tiny_family_model(family, 4, **models._GGUF_OVERRIDES.get(family, {}))
+    ref = dump_rows(models.LoadedModel(same, models.byte_tokenizer(), "mem", "memory"), [TEXT], tmp_path / "r",
+                    all_positions=True, progress=False)
+    a, b = read_rows(out), read_rows(ref)
+    assert len(a) == len(b) and [r["n_keys"] for r in a] == [r["n_keys"] for r in b]
+    assert max(np.abs(np.subtract(x["weights"], y["weights"])).max() for x, y in zip(a, b)) <= 1e-6
