@@ -10,7 +10,7 @@ import typer
 
 def dump(
     out: Path = typer.Option(..., "--out", help="Output directory (created; rerun with the same options to resume)."),
-    model: str = typer.Option("smollm2", "--model", help="'smollm2' (embedded default), a local HF directory or a .gguf file."),
+    model: str = typer.Option("smollm2", "--model", help="'smollm2' (embedded default), a local HF directory or a .gguf file (families: docs/families.md)."),
     text_file: Optional[List[Path]] = typer.Option(None, "--text-file", help="A plain-text file, one text each (repeatable)."),
     texts: Optional[Path] = typer.Option(None, "--texts", help="A .parquet or .jsonl file with a 'text' column."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers, e.g. 0,3,5-7 (default: all)."),

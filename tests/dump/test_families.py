@@ -24,7 +24,7 @@ from forcedweight.dump.hook import LayerPlan, Recorder, _check_pattern, run_capt
 from forcedweight.errors import InputError
 from forcedweight.kernels.attention_stats import attention_rows_torch, attention_rows_triton
 
-# Longer than the 12-token window (the byte tokenizer gives one token per byte): 57 tokens.
+# Longer than the 12-token window (the byte tokenizer gives one token per byte): 70 tokens.
 TEXT = "Sliding windows, soft caps and sinks: each family attends its own way."
 W = models.TINY_WINDOW
 # Dumped float32 weights vs the model's float32 eager probabilities: the two differ only by the
