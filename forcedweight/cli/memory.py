@@ -1,5 +1,6 @@
-"""``forcedweight memory``: the memory audit (one selection stored as a mask over a full cache versus
-ragged), printed as a table; optional JSON output."""
+"""``forcedweight memory``: the quick memory audit (one random selection stored as a mask over a full cache
+versus ragged), printed as a table; optional JSON output. The memory part of ``forcedweight audit``
+(``--part memory``) measures the same storages for real policies, allocators and ratios."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def memory(
     seed: int = typer.Option(0, "--seed", help="Seed for the token ids, the tiny model and the selection."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the audit as JSON here."),
 ) -> None:
-    """Physical bytes of the same per-head selection: full cache, mask over the full cache, ragged cache."""
+    """Physical bytes of one random per-head selection: full cache, mask over the full cache, ragged cache.
+
+    The single-selection form of ``forcedweight audit --part memory`` (real policies, allocators, ratios).
+    """
     from forcedweight.deploy.memory import audit_memory, format_audit
     from forcedweight.errors import InputError
     from forcedweight.io import atomic_path, check_output_file
@@ -35,6 +39,8 @@ def memory(
         with atomic_path(out) as tmp:
             Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
     typer.echo(format_audit(result))
+    typer.echo("note: one random selection; `forcedweight audit --part memory --policy P --compression-ratio R` "
+               "audits real policies", err=True)
 
 
 def register(app: typer.Typer) -> None:

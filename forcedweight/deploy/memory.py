@@ -1,4 +1,8 @@
-"""Memory audit: one per-head selection of cache entries stored two ways, measured in physical bytes.
+"""``forcedweight memory``: one random per-head selection stored two ways, measured in physical bytes.
+
+The quick, model-only form of the memory audit; ``forcedweight audit --part memory``
+(:mod:`forcedweight.deploy.audit.memory`) measures the same storages for real policies, allocators
+and compression ratios on task examples. Both build the mask with ``audit.memory.keep_mask``.
 
 - **masked**: the full K/V tensors plus a bool mask [B, Hkv, N] per layer marking the kept entries
   (what mask-based eviction pipelines hold: the evicted entries never leave memory);
@@ -14,6 +18,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from forcedweight.deploy.audit.memory import dense_tensors, keep_mask
 from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
 from forcedweight.errors import InputError
 from forcedweight.models import load_model, tiny_llama
@@ -96,17 +101,14 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None,
         lm(input_ids=ids, cache=dense, use_cache=True)
     layers = len(dense.layers)
     B, Hkv, N, D = dense.layers[0].keys.shape
-    full_tensors = [t for layer in dense.layers for t in (layer.keys, layer.values)]
+    full_tensors = dense_tensors(dense)
     full_bytes = physical_bytes(full_tensors)
 
     ragged = RaggedKVCache.from_dense(dense)
     masks = []
     for i in range(layers):
         keep = recency_random_selection(N, budget, B * Hkv, seed + 1 + i)
-        mask = torch.zeros(B, Hkv, N, dtype=torch.bool, device=lm.device)
-        seg = torch.arange(B * Hkv, device=mask.device).repeat_interleave(len(keep[0]))
-        mask.view(B * Hkv, N)[seg, torch.from_numpy(np.concatenate(keep)).to(mask.device)] = True
-        masks.append(mask)
+        masks.append(keep_mask(keep, N, lm.device).reshape(B, Hkv, N))
         ragged.evict(i, [torch.from_numpy(k) for k in keep])
     mask_bytes = physical_bytes(masks)
     masked_bytes = physical_bytes(full_tensors + masks)

@@ -1,0 +1,158 @@
+"""``audit``: the three audits of issue 13 over one task file, written to one directory.
+
+``DIR/memory.parquet`` (+ ``memory.png``), ``DIR/leak.parquet`` (+ ``leak_margins.parquet`` and the two
+harness runs under ``DIR/leak/``), ``DIR/ceiling.parquet`` (+ ``ceiling_steps.parquet``) and
+``DIR/report.md``. Every option is checked (InputError naming it) before the model is loaded; each
+part's table is written atomically as soon as it is done.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pyarrow as pa
+
+from forcedweight import io as fio
+from forcedweight.deploy.allocate import make_allocator
+from forcedweight.deploy.audit.ceiling import SELECTIONS, ceiling_example, check_options
+from forcedweight.deploy.audit.leak import leak_audit
+from forcedweight.deploy.audit.memory import memory_rows
+from forcedweight.deploy.audit.report import write_report
+from forcedweight.deploy.evaluate_protocol import prompt_ids
+from forcedweight.deploy.policies import make_policy
+from forcedweight.deploy.prefill import prefill_context
+from forcedweight.deploy.tasks import read_tasks
+from forcedweight.errors import InputError
+from forcedweight.models import LoadedModel, load_model
+
+PARTS = ("memory", "leak", "ceiling")
+
+MEMORY_SCHEMA = pa.schema([
+    ("policy", pa.string()), ("allocator", pa.string()), ("compression_ratio", pa.float64()),
+    ("storage", pa.string()), ("bytes", pa.int64()), ("dense_bytes", pa.int64()), ("id", pa.string()),
+    ("context_tokens", pa.int64()), ("kept_entries", pa.int64()),
+])
+CEILING_SCHEMA = pa.schema([
+    ("id", pa.string()), ("task", pa.string()), ("metric", pa.string()), ("context_tokens", pa.int64()),
+    ("kind", pa.string()), ("method", pa.string()), ("s", pa.int64()), ("answer", pa.string()),
+    ("score", pa.float64()), ("ce", pa.float64()), ("seconds", pa.float64()), ("rows", pa.int64()),
+    ("mean_error", pa.float64()), ("mean_error_top", pa.float64()), ("optimal_share", pa.float64()),
+])
+STEP_SCHEMA = pa.schema([
+    ("id", pa.string()), ("task", pa.string()), ("metric", pa.string()), ("context_tokens", pa.int64()),
+    ("method", pa.string()), ("s", pa.int64()), ("layer", pa.int64()), ("head", pa.int64()),
+    ("kv_head", pa.int64()), ("position", pa.int64()), ("n_keys", pa.int64()), ("kept", pa.int64()),
+    ("error", pa.float64()), ("error_top", pa.float64()), ("dropped_mass", pa.float64()),
+    ("dropped_mass_top", pa.float64()), ("seconds", pa.float64()), ("status", pa.string()),
+    ("lower_bound", pa.float64()), ("swaps", pa.int64()), ("switched", pa.bool_()),
+])
+
+
+def _load(model, note) -> LoadedModel:
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, tuple):
+        return LoadedModel(model[0], model[1], type(model[0]).__name__, "python")
+    note(f"loading model {model} ...")
+    loaded = load_model(model)
+    if loaded.tokenizer is None:
+        raise InputError(f"--model {model}: no tokenizer found (the audit needs one)")
+    return loaded
+
+
+def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequence[float] = (),
+          allocators: Sequence[str] = ("uniform",), parts: Sequence[str] = PARTS,
+          layers: Sequence[int] | None = None, s_values: Sequence[int] = (8, 32, 128),
+          selections: Sequence[str] = SELECTIONS, steps: int | None = None, solver: str = "bnb",
+          time_limit: float = 0.1, threshold: float = 0.5, max_examples: int | None = None,
+          memory_examples: int = 1, ceiling_examples: int | None = None, seed: int = 0,
+          progress: bool = True, quiet: bool = False) -> Path:
+    """Run the chosen parts (module docstring); return ``out/report.md``.
+
+    Parameters
+    ----------
+    model : "smollm2", a model directory / .gguf, a LoadedModel or ``(model, tokenizer)``.
+    policies : eviction policies (memory and leak audits, and the ceiling's comparison).
+    compression_ratios : fractions evicted (memory and leak). allocators : for memory and leak.
+    layers : the ceiling's restricted layers (default: every layer). s_values : the ceiling's budgets.
+    steps : restrict only the first ``steps`` query rows after the context (and score a continuation's
+        first ``steps + 1`` tokens). memory_examples / ceiling_examples : examples used by those parts.
+    """
+    def note(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr)
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    parts = list(dict.fromkeys(parts))
+    for p in parts:
+        if p not in PARTS:
+            raise InputError(f"--part: unknown part {p!r} (known: {', '.join(PARTS)})")
+    if not parts:
+        raise InputError("--part: give at least one of " + ", ".join(PARTS))
+    policies = [p for p in dict.fromkeys(policies) if p != "none"]
+    pols = {p: make_policy(p, seed=seed) for p in policies}
+    if not pols and ("memory" in parts or "leak" in parts):
+        raise InputError("--policy: give at least one eviction policy")
+    for a in allocators:
+        make_allocator(a)
+    ratios = [float(r) for r in compression_ratios]
+    for r in ratios:
+        if not 0.0 <= r < 1.0:
+            raise InputError(f"--compression-ratio: {r!r} outside [0, 1) (the fraction evicted)")
+    if not ratios and ("memory" in parts or "leak" in parts):
+        raise InputError("--compression-ratio: give at least one (memory and leak audits)")
+    if "ceiling" in parts:
+        check_options(s_values, selections, solver, time_limit, threshold, steps)
+    for n, opt in ((memory_examples, "--memory-examples"), (ceiling_examples, "--ceiling-examples"),
+                   (max_examples, "--max-examples")):
+        if n is not None and n < 1:
+            raise InputError(f"{opt}: must be >= 1, got {n}")
+    examples = read_tasks(tasks, max_examples)
+    for name in ("memory.parquet", "leak.parquet", "ceiling.parquet", "ceiling_steps.parquet", "report.md"):
+        fio.check_output_file(out / name)
+    loaded = _load(model, note)
+    mdl, tok = loaded.model, loaded.tokenizer
+    n_layers = int(mdl.config.num_hidden_layers)
+    layers = list(range(n_layers)) if layers is None else [int(x) for x in layers]
+    bad = [x for x in layers if not 0 <= x < n_layers]
+    if bad or not layers:
+        raise InputError(f"--layers: {bad or 'none'} (the model has layers 0..{n_layers - 1})")
+
+    if "memory" in parts:
+        rows = []
+        with fio.progress("audit memory", enabled=progress) as bar:
+            task = bar.add_task("examples", total=min(memory_examples, len(examples)))
+            for ex in examples[:memory_examples]:
+                prefill = prefill_context(mdl, tok, prompt_ids(tok, ex, False).context)
+                rows += memory_rows(prefill, pols, allocators, ratios, ex["id"])
+                bar.advance(task)
+        fio.write_table_atomic(pa.Table.from_pylist(rows, schema=MEMORY_SCHEMA), out / "memory.parquet")
+        note(f"wrote {out / 'memory.parquet'}")
+    if "leak" in parts:
+        leak_audit(loaded, tasks, out, list(pols), ratios, allocators, max_examples=max_examples, seed=seed,
+                   progress=progress, quiet=quiet)
+        note(f"wrote {out / 'leak.parquet'}")
+    if "ceiling" in parts:
+        rows, steps_rows = [], []
+        chosen = examples[:ceiling_examples] if ceiling_examples else examples
+        with fio.progress("audit ceiling", enabled=progress) as bar:
+            task = bar.add_task("examples", total=len(chosen))
+            for ex in chosen:
+                r, st = ceiling_example(mdl, tok, ex, layers, s_values, selections, pols, steps, solver,
+                                        time_limit, threshold)
+                rows += r
+                steps_rows += st
+                # written after every example: a long run leaves its finished examples behind
+                fio.write_table_atomic(pa.Table.from_pylist(rows, schema=CEILING_SCHEMA), out / "ceiling.parquet")
+                fio.write_table_atomic(pa.Table.from_pylist(steps_rows, schema=STEP_SCHEMA),
+                                       out / "ceiling_steps.parquet")
+                bar.advance(task)
+        note(f"wrote {out / 'ceiling.parquet'}")
+    return write_report(out)
+
+
+__all__ = ["CEILING_SCHEMA", "MEMORY_SCHEMA", "PARTS", "STEP_SCHEMA", "audit"]
