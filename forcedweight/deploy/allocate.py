@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from forcedweight.core.operator import rank_order, top_s
+from forcedweight.deploy.contourkv import ContourKVAllocator
 from forcedweight.errors import InputError
 
 
@@ -160,7 +161,8 @@ class GlobalAllocator(Allocator):
         return _check_floors(np.bincount(kept // N, minlength=L * H).astype(np.int64).reshape(L, H), x)
 
 
-ALLOCATORS: dict[str, type[Allocator]] = {c.name: c for c in (UniformAllocator, AdaKVAllocator, GlobalAllocator)}
+ALLOCATORS: dict[str, type[Allocator]] = {c.name: c for c in (UniformAllocator, AdaKVAllocator, GlobalAllocator,
+                                                            ContourKVAllocator)}
 
 
 def make_allocator(name: str, **options) -> Allocator:

@@ -211,8 +211,11 @@ def run_example(model, tokenizer, ex: dict, prompt: Prompt, methods: list[Method
             sc, scoring_s = scores[skey], scores[skey + ("s",)]
             t = time.perf_counter()
             total = _total_budget(n, prefill.n_layers, prefill.n_kv_heads, m)
-            counts = make_allocator(m.allocator).allocate(sc, total)
-            evict(cache, select(sc, counts))
+            alloc = make_allocator(m.allocator)
+            if getattr(alloc, "needs_prefill", False):  # contourkv: dropped mass from the prefill's rows
+                evict(cache, alloc.keep(sc, total, prefill=prefill))
+            else:
+                evict(cache, select(sc, alloc.allocate(sc, total)))
             evict_s = time.perf_counter() - t
         physical, nominal, kept = int(cache.physical_bytes()), int(cache.nominal_bytes()), int(cache.entries())
         t = time.perf_counter()
