@@ -31,7 +31,7 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
         "Medians with percentile-bootstrap 95% intervals "
         f"({n_boot} resamples, seed {seed}); hard = closable share > {hard_threshold}.", "",
         "## Headline numbers (pooled per model and budget)", "",
-        "| model | s | rows (opt/impr/unsolved/invalid) | median κ [95% CI] | κ median Wilson upper (pessimistic) "
+        "| model | s | rows (opt/impr/unsolved/invalid) | median κ [95% CI] | κ median, one-sided 95% Wilson upper (pessimistic; exact coverage) "
         "| Δ median κ, pool → best | solver-improved + unsolved share (Wilson hi) "
         "| balancing recovery | π (top) | AUC dropped mass → hard [95% CI] | Spearman(D, ES_pool) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -44,7 +44,7 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
         d = subst.filter((pl.col("model") == model) & (pl.col("s") == s)).row(0, named=True)
         lines.append(
             f"| {model} | {s} | {c['n_rows']} ({c['n_optimal']}/{c['n_improved']}/{c['n_unsolved']}/{c['n_invalid']}) "
-            f"| {metric(model, s, 'closable_share')} | {_fmt(b['median_kappa_wilson_upper'])} "
+            f"| {metric(model, s, 'closable_share')} | {_fmt(b['median_kappa_wilson_upper'])} ({_fmt(b['median_kappa_wilson_coverage'])}) "
             f"| {_fmt(d['delta_median_kappa'])} | {_fmt(b['improved_share'])} ({_fmt(b['improved_share_wilson_hi'])}) "
             f"| {metric(model, s, 'balancing_recovery')} | {metric(model, s, 'pi_top')} "
             f"| {_ci(p['auc'], p['auc_lo'], p['auc_hi'])} | {_fmt(p['spearman_rho'])} |"
@@ -69,8 +69,10 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
     lines += ["", "## Definitions", "",
               "- κ = (E(top) − ES*)/E(top), ES* = best known value (solver improvements substituted); 0 when E(top) = 0.",
               "- Pessimistic κ: unsolved rows take ES* = their proved lower bound (1 when none), i.e. counted as improved "
-              "as far as the proof allows; the Wilson upper bound is the smallest observed κ whose share of rows at or "
-              "below it has a Wilson 95% lower end ≥ 1/2.",
+              "as far as the proof allows; the one-sided 95% Wilson upper bound on its median is the smallest observed κ "
+              "whose share of rows at or below it has a one-sided 95% Wilson lower bound (z = 1.645) ≥ 1/2; in "
+              "parentheses its exact coverage P(Bin(n, 1/2) ≤ j − 1) for that n (below 0.95 at some small n); "
+              "blank below n = 3.",
               "- Selector ratio E(selector)/ES*; rows with ES* = 0 excluded and counted in the note.",
               "- AUC = Mann–Whitney U/(n_hard·n_easy) of the top-mass dropped mass, ties half; DeLong 95% interval.",
               "", "## Command", "", "```", command, "```", ""]

@@ -70,6 +70,7 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
         "hard_share_wilson_hi": hard_hi,
         "median_kappa_pessimistic": float(np.median(pess)) if n_valid else np.nan,
         "median_kappa_wilson_upper": med_hi,
+        "median_kappa_wilson_coverage": st.wilson_median_coverage(int(np.sum(~np.isnan(pess)))) if n_valid else np.nan,
         "note": note if n_valid else "no valid rows",
     }
     sub = st.substitution_sensitivity(

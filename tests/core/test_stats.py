@@ -1,5 +1,6 @@
 """forcedweight.core.stats against scipy and brute force on synthetic inputs."""
 
+import math
 from itertools import product
 
 import numpy as np
@@ -72,14 +73,15 @@ def test_wilson_empty_and_bad():
         st.wilson_interval(5, 3)
 
 
-@pytest.mark.parametrize("n,seed", [(4, 0), (9, 1), (60, 2), (301, 3)])
+@pytest.mark.parametrize("n,seed", [(3, 4), (4, 0), (9, 1), (60, 2), (301, 3)])
 def test_wilson_median_upper_bound_brute_force(n, seed):
     x = np.round(np.random.default_rng(seed).exponential(size=n), 1)  # rounding makes ties
     bound, note = st.wilson_median_upper_bound(x)
-    # brute force: first sorted distinct value t whose share #{x <= t}/n has Wilson lower end >= 1/2
+    # brute force: first sorted distinct value t whose share #{x <= t}/n has a ONE-sided 95% Wilson
+    # lower end >= 1/2 (= the lower end of the two-sided 90% interval)
     expected = np.nan
     for t in np.unique(x):
-        if sps.binomtest(int(np.sum(x <= t)), n).proportion_ci(method="wilson").low >= 0.5:
+        if sps.binomtest(int(np.sum(x <= t)), n).proportion_ci(confidence_level=0.90, method="wilson").low >= 0.5:
             expected = t
             break
     assert bound == expected and note == ""
@@ -87,9 +89,37 @@ def test_wilson_median_upper_bound_brute_force(n, seed):
 
 
 def test_wilson_median_upper_bound_too_few():
-    bound, note = st.wilson_median_upper_bound([0.1, 0.2, 0.3])
+    bound, note = st.wilson_median_upper_bound([0.1, 0.2])
     assert np.isnan(bound) and "too small" in note
+    assert np.isnan(st.wilson_median_coverage(2))
+    assert st.wilson_median_upper_bound([0.1, 0.3, 0.2])[0] == 0.3  # n = 3: the maximum, coverage 7/8
+    assert st.wilson_median_coverage(3) == pytest.approx(0.875, abs=1e-15)
     assert np.isnan(st.wilson_median_upper_bound([])[0])
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 13, 30, 75])
+def test_wilson_median_bound_coverage_by_simulation(n):
+    """Simulated coverage of the population median (exponential law, median ln 2) equals the exact
+    binomial formula P(Bin(n, 1/2) <= j - 1); 40,000 draws: 4.5 binomial standard errors."""
+    reps = 40_000
+    x = np.random.default_rng(n).exponential(size=(reps, n))
+    j = st.wilson_median_rank(n)
+    bounds = np.sort(x, axis=1)[:, j - 1]  # the bound is x_(j) (no ties in continuous draws) ...
+    for row, b in zip(x[:300], bounds[:300]):  # ... which the function returns
+        assert st.wilson_median_upper_bound(row)[0] == b
+    covered = np.mean(bounds >= np.log(2))
+    exact = st.wilson_median_coverage(n)
+    assert exact == pytest.approx(sum(math.comb(n, i) for i in range(j)) / 2 ** n, rel=1e-12)
+    assert abs(covered - exact) <= 4.5 * math.sqrt(exact * (1 - exact) / reps)
+
+
+def test_wilson_median_bound_is_one_sided_95_on_average():
+    """Averaged over n = 10..400 the exact coverage is 95% (±0.5 points); the two-sided 95% end that
+    the label used to mean gives ≈ 97.5% (the over-coverage this definition removes)."""
+    cov = np.array([st.wilson_median_coverage(n) for n in range(10, 401)])
+    assert abs(cov.mean() - 0.95) < 0.005
+    two_sided = np.array([st.wilson_median_coverage(n, level=0.975) for n in range(10, 401)])
+    assert abs(two_sided.mean() - 0.975) < 0.005
 
 
 def _auc_pairs(pos, neg):
@@ -176,8 +206,9 @@ def test_pessimistic_closable_share():
     # the composite bound is the Wilson median bound of these pessimistic shares (invalid dropped)
     big = np.tile(np.arange(5), 3)
     bound, _ = st.wilson_upper_median_share(top[big], best[big], lb[big], status[big])
-    # 9 of 12 at or below 0.4 has Wilson lower end 0.468 < 1/2, so the bound is the next value, 1.0
-    assert bound == st.wilson_median_upper_bound(k[big][~np.isnan(k[big])])[0] == 1.0
+    # 9 of 12 at or below 0.4: its one-sided 95% Wilson lower end (= two-sided 90%) is >= 1/2, so 0.4
+    assert sps.binomtest(9, 12).proportion_ci(confidence_level=0.90, method="wilson").low >= 0.5
+    assert bound == st.wilson_median_upper_bound(k[big][~np.isnan(k[big])])[0] == 0.4
 
 
 def test_substitution_sensitivity_direct():

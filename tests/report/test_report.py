@@ -1,5 +1,6 @@
 """forcedweight report: tables against direct computation, figures, bad input, CLI."""
 
+import math
 import sys
 
 import numpy as np
@@ -139,6 +140,10 @@ def test_counts_bounds_prediction_match_direct(built):
         pess = (v["es_top"].to_numpy() - lb) / v["es_top"].to_numpy()
         assert b["median_kappa_wilson_upper"] == st.wilson_median_upper_bound(pess)[0]
         assert b["median_kappa_wilson_upper"] >= b["median_kappa_pessimistic"]
+        # its exact coverage for n rows, from the binomial formula directly
+        j = st.wilson_median_rank(len(pess))
+        exact = sum(math.comb(len(pess), i) for i in range(j)) / 2 ** len(pess)
+        assert b["median_kappa_wilson_coverage"] == pytest.approx(exact, rel=1e-12)
         p = pred.filter(pl.col("s") == s).row(0, named=True)
         kappa = ((v["es_top"] - v["es_best"]) / v["es_top"]).to_numpy()
         hard = kappa > 0.05
