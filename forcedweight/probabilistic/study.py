@@ -237,14 +237,28 @@ def topk_set(pi: np.ndarray, k: int) -> np.ndarray:
     return top_s(pi, k)
 
 
-def _stats(outs: np.ndarray, dense: np.ndarray) -> dict:
-    """Error statistics of outputs (S, Q, d) against dense (Q, d): mean error over seeds and rows, and
-    the bias² / variance split of the mean squared error (mse = bias2 + variance, per row, averaged)."""
+def _stats(outs: np.ndarray, dense: np.ndarray, deterministic: bool = False) -> dict:
+    """Error statistics of outputs (S, Q, d) against dense (Q, d) over S seeds.
+
+    ``error``/``rel_error``/``mse``: mean over seeds and rows of ‖out − dense‖ (relative) and its
+    square. ``variance``: the unbiased per-row variance over seeds, Σ_s ‖out_s − mean‖² / (S − 1);
+    ``bias2``: the unbiased squared bias ‖mean − dense‖² − variance / S (the plain squared error of the
+    mean includes variance / S; this estimate may be slightly negative when the bias is ~0). Then
+    ``mse = bias2 + variance`` exactly, both averaged over rows. ``deterministic`` outputs (top-k, S = 1)
+    have variance 0; random outputs with S = 1 give NaN for both (nothing to split them with).
+    """
     err = np.linalg.norm(outs - dense, axis=-1)  # (S, Q)
     scale = np.maximum(np.linalg.norm(dense, axis=-1), 1e-30)
+    S = outs.shape[0]
     mean = outs.mean(axis=0)
-    bias2 = np.sum((mean - dense) ** 2, axis=-1)
-    var = np.mean(np.sum((outs - mean) ** 2, axis=-1), axis=0)
+    plug = np.sum((mean - dense) ** 2, axis=-1)  # (Q,)
+    if deterministic:
+        bias2, var = plug, np.zeros_like(plug)
+    elif S < 2:
+        bias2 = var = np.full_like(plug, np.nan)
+    else:
+        var = np.sum(np.sum((outs - mean) ** 2, axis=-1), axis=0) / (S - 1)
+        bias2 = plug - var / S
     return dict(error=float(err.mean()), rel_error=float((err / scale).mean()), mse=float((err**2).mean()),
                 bias2=float(bias2.mean()), variance=float(var.mean()))
 
@@ -287,7 +301,7 @@ def study_trajectory(tr: Trajectory, cfg: StudyConfig) -> list[dict]:
                 for g, h in enumerate(tr.heads):
                     out = top[g][None]
                     records.append(dict(base, head=h, method="topk", tau=None, m=None, kept=float(k),
-                                        status="ok", **_stats(out, dense[g])))
+                                        status="ok", **_stats(out, dense[g], deterministic=True)))
                 try:
                     m = sample_count(pi, target)
                 except InputError as exc:

@@ -416,3 +416,29 @@ def test_cli_bad_temperature_or_mix_named_before_reading_rows(tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {option}"), err
     assert not (tmp_path / "o").exists()
+
+
+def test_bias2_is_unbiased_over_seeds():
+    """Synthetic outputs dense + b + noise (σ per coordinate, d coordinates): E[bias2] = ‖b‖² and
+    E[variance] = dσ², while the plain ‖mean − dense‖² is ‖b‖² + dσ²/S (what bias2 used to be)."""
+    from forcedweight.probabilistic.study import _stats
+
+    rng = np.random.default_rng(7)
+    S, Q, d, sigma = 4, 20_000, 3, 0.5
+    dense = rng.normal(size=(Q, d))
+    b = np.array([0.3, -0.1, 0.2])  # known bias, ‖b‖² = 0.14
+    outs = dense + b + sigma * rng.normal(size=(S, Q, d))
+    st_ = _stats(outs, dense)
+    # averages over Q = 20,000 rows: standard errors ≈ 0.004 (bias2) and 0.004 (variance); 0.02 is 5σ
+    assert st_["bias2"] == pytest.approx(float(b @ b), abs=0.02)
+    assert st_["variance"] == pytest.approx(d * sigma**2, abs=0.02)
+    plug = np.mean(np.sum((outs.mean(axis=0) - dense) ** 2, axis=-1))
+    assert plug == pytest.approx(float(b @ b) + d * sigma**2 / S, abs=0.02)  # the old definition, biased
+    assert abs(plug - st_["bias2"]) > 0.15  # d σ² / S = 0.1875 apart: the test tells them apart
+    mse = np.mean(np.sum((outs - dense) ** 2, axis=-1))
+    assert st_["mse"] == pytest.approx(mse, rel=1e-12)
+    assert st_["bias2"] + st_["variance"] == pytest.approx(st_["mse"], rel=1e-12)
+    # a deterministic output has variance 0 and its squared error as bias; one random seed: NaN
+    one = _stats(outs[:1], dense, deterministic=True)
+    assert one["variance"] == 0 and one["bias2"] == pytest.approx(one["mse"], rel=1e-12)
+    assert np.isnan(_stats(outs[:1], dense)["bias2"])
