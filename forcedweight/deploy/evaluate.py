@@ -168,7 +168,7 @@ def _check_examples(examples: list[dict], prompts: list[Prompt], methods: list[M
             if m.policy == NONE:
                 continue
             pol = policies[m.policy]
-            per_head = _total_budget(pr.n_context, n_layers, 1, m)
+            per_head = _total_budget(pr.n_context, 1, 1, m)
             need = min(pol.sinks + pol.recent, pr.n_context)
             if per_head < need:
                 setting = f"--compression-ratio {m.ratio}" if m.ratio is not None else f"--budget {m.budget}"
