@@ -73,6 +73,8 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
               "whose share of rows at or below it has a one-sided 95% Wilson lower bound (z = 1.645) ≥ 1/2; in "
               "parentheses its exact coverage P(Bin(n, 1/2) ≤ j − 1) for that n (below 0.95 at some small n); "
               "blank below n = 3.",
+              "- Rows with N ≤ s (nothing can be evicted, κ = 0 by construction) are left out of every statistic; "
+              "their count is `n_no_eviction` in status_counts and a note in the tables.",
               "- Selector ratio E(selector)/ES*; rows with ES* = 0 excluded and counted in the note.",
               "- AUC = Mann–Whitney U/(n_hard·n_easy) of the top-mass dropped mass, ties half; DeLong 95% interval.",
               "", "## Command", "", "```", command, "```", ""]

@@ -61,13 +61,16 @@ def load_results(path: str | os.PathLike) -> pl.DataFrame:
     for f in files:
         lf = pl.scan_parquet(f)
         names = lf.collect_schema().names()
-        sel = [c for c in names if c in REQUIRED_COLUMNS or c in FAMILY_COLUMNS or c.startswith("es_") or c in ("pi_best", "solver_improved")]
+        sel = [c for c in names if c in REQUIRED_COLUMNS or c in FAMILY_COLUMNS or c.startswith("es_") or c in ("pi_best", "solver_improved", "n_keys")]
         frames.append(lf.select(sel))
     df = pl.concat(frames, how="diagonal_relaxed").collect()
     fill = {"model": pl.lit("unknown"), "layer": pl.lit(-1), "head": pl.lit(-1)}
     df = df.with_columns([fill[c].alias(c) for c in FAMILY_COLUMNS if c not in df.columns])
     floats = [c for c in df.columns if c.startswith("es_") or c in ("swaps", "lower_bound", "dropped_mass", "pi_top", "pi_best")]
+    if "n_keys" not in df.columns:
+        df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("n_keys"))
     return df.with_columns(
+        pl.col("n_keys").cast(pl.Int64),
         pl.col("model").cast(pl.Utf8).fill_null("unknown"),
         pl.col("layer").cast(pl.Int64).fill_null(-1),
         pl.col("head").cast(pl.Int64).fill_null(-1),
@@ -87,9 +90,25 @@ def _np(df: pl.DataFrame, col: str) -> np.ndarray:
     return df.get_column(col).to_numpy().astype(np.float64)
 
 
+def no_eviction(df: pl.DataFrame) -> pl.Expr:
+    """Rows where nothing can be evicted (``n_keys <= s``: every key is kept, κ = 0 by construction)."""
+    if "n_keys" not in df.columns:
+        return pl.lit(False)
+    return pl.col("n_keys").is_not_null() & (pl.col("n_keys") <= pl.col("s"))
+
+
+def statistic_rows(df: pl.DataFrame) -> pl.DataFrame:
+    """The rows every statistic is computed on: not ``invalid``, and something evicted (N > s).
+
+    Rows with N <= s keep every key (E = 0 for every selector) and would enter the medians as
+    κ = 0; they are excluded and counted (``n_no_eviction`` in ``status_counts``).
+    """
+    return df.filter((pl.col("status") != "invalid") & ~no_eviction(df))
+
+
 def row_metrics(df: pl.DataFrame) -> dict[str, np.ndarray]:
-    """Per-row statistics of the valid (non-``invalid``) rows of one group, float64 arrays (n,)."""
-    valid = df.filter(pl.col("status") != "invalid")
+    """Per-row statistics of ``statistic_rows(df)`` (valid, N > s) of one group, float64 arrays (n,)."""
+    valid = statistic_rows(df)
     top, bal, best = _np(valid, "es_top"), _np(valid, "es_balance"), _np(valid, "es_best")
     out = {
         "closable_share": st.closable_share(top, best),

@@ -18,14 +18,17 @@ from forcedweight.core import stats as st
 from forcedweight.errors import InputError
 from forcedweight.io import atomic_path, list_parquet_files, open_parquet, write_table_atomic
 
-from forcedweight.report.metrics import KEYS, STATUSES, _np, hard_row_auc, row_metrics
+from forcedweight.report.metrics import KEYS, STATUSES, _np, hard_row_auc, no_eviction, row_metrics, statistic_rows
 
 def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: int, seed: int):
     """All statistics of one group: rows for the counts, medians, bounds, substitution, prediction tables."""
     counts = {s_: int((df.get_column("status") == s_).sum()) for s_ in STATUSES}
     unknown = df.height - sum(counts.values())
-    count_row = {**key, "n_rows": df.height, **{f"n_{s_}": c for s_, c in counts.items()}, "n_other_status": unknown}
-    valid = df.filter(pl.col("status") != "invalid")
+    n_no_evict = int(df.filter((pl.col("status") != "invalid") & no_eviction(df)).height)
+    count_row = {**key, "n_rows": df.height, **{f"n_{s_}": c for s_, c in counts.items()}, "n_other_status": unknown,
+                 "n_no_eviction": n_no_evict}
+    valid = statistic_rows(df)
+    excluded = f"{n_no_evict} row(s) with N <= s (nothing evicted) excluded" if n_no_evict else ""
     m = row_metrics(df)
     medians = []
     top, best = _np(valid, "es_top"), _np(valid, "es_best")
@@ -41,7 +44,7 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
             reason = f"{nz} row(s) with ES* = 0 excluded (ratio undefined)" if nz else ""
             values = values[best != 0]
         ci = st.bootstrap_median_ci(values, n_boot=n_boot, seed=seed)
-        note = "; ".join(x for x in (reason, ci.note) if x)
+        note = "; ".join(x for x in (excluded, reason, ci.note) if x)
         medians.append({**key, "metric": name, "n": ci.n, "median": ci.median, "ci_lo": ci.lo, "ci_hi": ci.hi, "note": note})
 
     n_valid = valid.height
@@ -71,7 +74,7 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
         "median_kappa_pessimistic": float(np.median(pess)) if n_valid else np.nan,
         "median_kappa_wilson_upper": med_hi,
         "median_kappa_wilson_coverage": st.wilson_median_coverage(int(np.sum(~np.isnan(pess)))) if n_valid else np.nan,
-        "note": note if n_valid else "no valid rows",
+        "note": "; ".join(x for x in (excluded, note if n_valid else "no valid rows") if x),
     }
     sub = st.substitution_sensitivity(
         _np(valid, "es_top"), _np(valid, "es_balance"), _np(valid, "es_pool"), _np(valid, "es_best")

@@ -264,6 +264,26 @@ def test_undefined_ratios_and_recoveries_are_excluded_with_notes():
     assert kappa["median"] == pytest.approx(np.median(np.where(top > 0, (top - best) / np.where(top > 0, top, 1), 0)))
 
 
+def test_rows_with_nothing_evicted_are_excluded_and_counted(tmp_path):
+    df = fake_results(n_per=40, layers=(0,), s_values=(4,), seed=5).filter(pl.col("status") == "optimal")
+    n_keys = df["n_keys"].to_numpy().copy()
+    top, best = df["es_top"].to_numpy().copy(), df["es_best"].to_numpy().copy()
+    n_keys[:5] = 4  # N = s: every key kept, E = 0 for every selector
+    top[:5] = best[:5] = 0.0
+    df = df.with_columns(pl.Series("n_keys", n_keys), pl.Series("es_top", top), pl.Series("es_best", best),
+                         pl.Series("es_pool", best), pl.Series("es_balance", top))
+    df.write_parquet(tmp_path / "r.parquet")
+    tables = compute_tables(load_results(tmp_path / "r.parquet"), n_boot=20)
+    counts = tables["status_counts"].filter(pl.col("scope") == "pooled").row(0, named=True)
+    assert counts["n_no_eviction"] == 5 and counts["n_rows"] == df.height
+    kappa = tables["medians"].filter((pl.col("scope") == "pooled") & (pl.col("metric") == "closable_share")).row(0, named=True)
+    rest = slice(5, None)
+    assert kappa["n"] == df.height - 5 and "5 row(s) with N <= s (nothing evicted) excluded" in kappa["note"]
+    assert kappa["median"] == pytest.approx(np.median((top[rest] - best[rest]) / top[rest]), rel=1e-12)
+    b = tables["bounds"].filter(pl.col("scope") == "pooled").row(0, named=True)
+    assert b["n_valid"] == df.height - 5 and "nothing evicted" in b["note"]
+
+
 def test_missing_provenance_pools_everything(tmp_path):
     fake_results(n_per=10, provenance=False).write_parquet(tmp_path / "r.parquet")
     df = load_results(tmp_path / "r.parquet")
