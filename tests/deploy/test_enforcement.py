@@ -1,0 +1,84 @@
+"""Masked storage holds the full cache's bytes while answering like attention restricted to the kept
+entries (the ragged cache, and a dense cache holding only those entries)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from forcedweight.deploy.allocate import evict
+from forcedweight.deploy.attention import use_ragged_attention
+from forcedweight.deploy.enforcement import (dense_bytes, masked_attention, masked_storage, token_cache, token_topk,
+                                             token_union)
+from forcedweight.deploy.evaluate_protocol import continuation_nll, greedy_answer
+from forcedweight.deploy.prefill import prefill_context
+from forcedweight.models import tiny_llama
+
+N = 64
+
+
+def _setup(seed=0):
+    model = tiny_llama(seed=seed, layers=2, heads=4, kv_heads=2, head_dim=16)
+    model.generation_config.eos_token_id = None  # decode the full length
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 300, (1, N), generator=g)
+    question = torch.randint(3, 300, (1, 5), generator=g)
+    prefill = prefill_context(model, None, ids)
+    rng = np.random.default_rng(seed)
+    keep = [[np.sort(rng.choice(N, size=int(rng.integers(8, 40)), replace=False)) for _ in range(2)]
+            for _ in range(2)]
+    return model, prefill, question, keep
+
+
+def _ragged_answer(model, prefill, question, keep):
+    use_ragged_attention(model)
+    cache = prefill.ragged_cache()
+    evict(cache, keep)
+    held = (cache.physical_bytes(), cache.entries())  # before the question and answer are appended
+    return held, greedy_answer(model, cache, question, N, 12)
+
+
+def test_masked_storage_answers_like_the_ragged_cache_with_the_full_bytes():
+    for seed in range(3):
+        model, prefill, question, keep = _setup(seed)
+        ragged, want = _ragged_answer(model, prefill, question, keep)
+        stor = masked_storage(prefill, keep)
+        full = dense_bytes(prefill.cache)
+        assert stor.physical_bytes() >= full  # the evicted entries never left memory
+        assert stor.physical_bytes() == full + 2 * 2 * N  # + one bool per (layer, KV head, entry)
+        assert ragged[0] < full
+        assert stor.entries() == ragged[1] == sum(len(k) for h in keep for k in h)
+        with masked_attention(model, stor.keep):
+            got = greedy_answer(model, stor.cache, question, N, 12)
+        assert got == want  # greedy tokens equal
+        # and the masks are what changes the answer: without them the full cache answers
+        with masked_attention(model, None):
+            nomask = greedy_answer(model, masked_storage(prefill, keep).cache, question, N, 12)
+        cache_full = prefill.ragged_cache()
+        assert nomask == greedy_answer(model, cache_full, question, N, 12)
+
+
+def test_masked_logits_equal_attention_restricted_to_the_kept_entries():
+    model, prefill, question, keep = _setup(4)
+    shared = [[keep[layer][0]] * 2 for layer in range(2)]  # one set for both heads of a layer
+    stor = masked_storage(prefill, shared)
+    cont = torch.randint(3, 300, (1, 9), generator=torch.Generator().manual_seed(1))
+    with masked_attention(model, stor.keep):
+        a = continuation_nll(model, stor.cache, prefill.logits_last, cont, N)
+    # the same set stored densely (only those entries held): plain causal attention over them
+    tok = token_cache(prefill, [k[0] for k in shared])
+    assert dense_bytes(tok) < dense_bytes(prefill.cache)
+    with masked_attention(model, None):
+        b = continuation_nll(model, tok, prefill.logits_last, cont, N)
+    use_ragged_attention(model)
+    ragged = prefill.ragged_cache()
+    evict(ragged, shared)
+    c = continuation_nll(model, ragged, prefill.logits_last, cont, N)
+    assert abs(a - b) < 1e-5 and abs(a - c) < 1e-5  # float32 attention, three storages
+
+
+def test_token_union_and_topk():
+    keep = [[np.array([0, 3, 5]), np.array([3, 7])], [np.array([1]), np.array([2])]]
+    assert [u.tolist() for u in token_union(keep)] == [[0, 3, 5, 7], [1, 2]]
+    scores = [np.array([[0.1, 0.9, 0.2, 0.5], [0.8, 0.0, 0.3, 0.5]])]
+    assert token_topk(scores, np.array([[2, 2]]))[0].tolist() == [0, 1]  # head max 0.8, 0.9, 0.3, 0.5
