@@ -31,6 +31,7 @@ def evaluate(
     tasks: Optional[Path] = typer.Option(None, "--tasks", help="Task file (JSONL or Parquet, kvpress columns)."),
     policy: Optional[List[str]] = typer.Option(None, "--policy", help="Policy (repeat or comma-separate; none = full cache)."),
     allocator: Optional[List[str]] = typer.Option(None, "--allocator", help="Allocator: uniform (default), adakv, global."),
+    method: Optional[List[str]] = typer.Option(None, "--method", help="Further POLICY/ALLOCATOR pairs (e.g. snapkv/adakv), beyond --policy x --allocator."),
     compression_ratio: Optional[List[str]] = typer.Option(None, "--compression-ratio", help="Fraction of context entries evicted, in [0, 1) (repeat or comma-separate)."),
     budget: Optional[List[str]] = typer.Option(None, "--budget", help="Mean kept entries per KV head (instead of --compression-ratio)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (results.parquet, report/)."),
@@ -67,7 +68,7 @@ def evaluate(
     path = run(model, tasks, out, _split(policy), _split(allocator) or ["uniform"],
                compression_ratios=_floats(compression_ratio, "--compression-ratio") or None,
                budgets=_floats(budget, "--budget") or None, max_examples=max_examples,
-               query_aware=query_aware, seed=seed, progress=progress, report=report)
+               query_aware=query_aware, seed=seed, methods=_split(method), progress=progress, report=report)
     typer.echo(str(path))
 
 

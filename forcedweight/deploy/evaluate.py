@@ -83,8 +83,9 @@ class Method:
 
 
 def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequence[float] | None,
-                budgets: Sequence[float] | None) -> list[Method]:
-    """The methods of a run: ``none`` once (the full cache), every other policy x allocator x setting."""
+                budgets: Sequence[float] | None, extra: Sequence[str] = ()) -> list[Method]:
+    """The methods of a run: ``none`` once (the full cache), every other policy x allocator x setting,
+    and every ``"policy/allocator"`` of ``extra`` x setting (repeats dropped)."""
     if ratios and budgets:
         raise InputError("give --compression-ratio or --budget, not both")
     settings = [(float(r), None) for r in (ratios or [])] + [(None, float(b)) for b in (budgets or [])]
@@ -93,20 +94,25 @@ def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequ
             raise InputError(f"--compression-ratio: {r!r} outside [0, 1) (the fraction evicted)")
         if b is not None and not b >= 1:
             raise InputError(f"--budget: {b!r} must be >= 1 (mean kept entries per KV head)")
-    policies = list(dict.fromkeys(policies))
-    if not policies:
+    pairs = []
+    for spec in extra:
+        if spec.count("/") != 1 or not all(spec.split("/")):
+            raise InputError(f"--method: {spec!r} must be POLICY/ALLOCATOR (e.g. snapkv/adakv)")
+        pairs.append(tuple(spec.split("/")))
+    policies = list(dict.fromkeys(list(policies) + [p for p, _ in pairs if p == NONE]))
+    pairs = [(p, a) for p, a in pairs if p != NONE]
+    if not policies and not pairs:
         raise InputError("--policy: give at least one policy (none = the full cache)")
     out = []
     if NONE in policies:
         out.append(Method(NONE, NONE, 0.0, None))
-    others = [p for p in policies if p != NONE]
-    if others and not settings:
-        raise InputError("give --compression-ratio or --budget for the policies other than none")
     allocators = list(dict.fromkeys(allocators or ["uniform"]))
-    for p in others:
-        for a in allocators:
-            for r, b in settings:
-                out.append(Method(p, a, r, b))
+    pairs = list(dict.fromkeys([(p, a) for p in policies if p != NONE for a in allocators] + pairs))
+    if pairs and not settings:
+        raise InputError("give --compression-ratio or --budget for the policies other than none")
+    for p, a in pairs:
+        for r, b in settings:
+            out.append(Method(p, a, r, b))
     return out
 
 
@@ -250,6 +256,7 @@ def _row_key(r: dict) -> tuple:
 def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[str] = ("uniform",),
              compression_ratios: Sequence[float] | None = None, budgets: Sequence[float] | None = None,
              max_examples: int | None = None, query_aware: bool = False, seed: int = 0,
+             methods: Sequence[str] = (),
              policy_options: dict | None = None, progress: bool = True, report: bool = True,
              device: str = "cpu", quiet: bool = False) -> Path:
     """Run the protocol (module docstring) over a task file; write ``out/results.parquet`` and
@@ -260,7 +267,8 @@ def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[st
     model : "smollm2", a model directory / .gguf path, a LoadedModel, or ``(model, tokenizer)``.
     tasks : a JSONL or Parquet task file in kvpress's columns.
     out : the output directory.
-    policies : policy names (``none`` = the full cache); allocators : allocator names.
+    policies : policy names (``none`` = the full cache); allocators : allocator names (every policy
+        runs with every allocator); methods : further ``"policy/allocator"`` pairs.
     compression_ratios / budgets : the budget settings (one of the two).
     """
     def note(msg: str) -> None:
@@ -270,7 +278,7 @@ def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[st
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
-    methods = methods_for(policies, allocators, compression_ratios, budgets)
+    methods = methods_for(policies, allocators, compression_ratios, budgets, methods)
     for a in {m.allocator for m in methods if m.policy != NONE}:
         make_allocator(a)
     options = dict(policy_options or {})
