@@ -127,6 +127,42 @@ def bootstrap_median_ci(x, n_boot: int = 2000, seed: int = 0, level: float = 0.9
     return MedianCI(med, float(lo), float(hi), n, "; ".join(notes))
 
 
+def cluster_bootstrap_median_ci(x, clusters, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> MedianCI:
+    """Median of the finite values of ``x`` with a cluster-bootstrap percentile interval.
+
+    Rows that share a cluster label (a text, or a (layer, head) family) are not independent: each
+    resample draws the clusters with replacement (as many as there are) and takes the median of all
+    rows of the drawn clusters. ``x`` and ``clusters`` of shape (n,); non-finite ``x`` dropped.
+    Fewer than ``MIN_BOOTSTRAP`` clusters: NaN interval with a note.
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    labels = np.asarray(clusters).ravel()
+    if labels.shape != x.shape:
+        raise ValueError(f"cluster_bootstrap_median_ci: {x.size} values, {labels.size} cluster labels")
+    keep = np.isfinite(x)
+    dropped = int(x.size - keep.sum())
+    v, lab = x[keep], labels[keep]
+    nan = float("nan")
+    if v.size == 0:
+        return MedianCI(nan, nan, nan, 0, "no finite values")
+    _, inv = np.unique(lab, return_inverse=True)
+    order = np.argsort(inv, kind="stable")
+    groups = np.split(v[order], np.cumsum(np.bincount(inv))[:-1])
+    k = len(groups)
+    note = f"{dropped} non-finite value(s) dropped" if dropped else ""
+    med = float(np.median(v))
+    if k < MIN_BOOTSTRAP:
+        return MedianCI(med, nan, nan, int(v.size), "; ".join(x for x in (note, f"fewer than {MIN_BOOTSTRAP} clusters: no interval") if x))
+    rng = np.random.default_rng(seed)
+    meds = np.empty(n_boot)
+    for b in range(n_boot):
+        pick = rng.integers(0, k, size=k)
+        meds[b] = np.median(np.concatenate([groups[i] for i in pick]))
+    alpha = (1.0 - level) / 2.0
+    lo, hi = (float(q) for q in np.quantile(meds, [alpha, 1.0 - alpha]))
+    return MedianCI(med, lo, hi, int(v.size), note)
+
+
 def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval (no continuity correction) for ``k`` successes in ``n`` trials.
 

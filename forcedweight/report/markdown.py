@@ -49,6 +49,24 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
             f"| {metric(model, s, 'balancing_recovery')} | {metric(model, s, 'pi_top')} "
             f"| {_ci(p['auc'], p['auc_lo'], p['auc_hi'])} | {_fmt(p['spearman_rho'])} |"
         )
+    meds = tables["medians"].filter(pl.col("scope") == "pooled")
+    if meds.height:
+        lines += ["", "## Pooled medians: row bootstrap beside cluster bootstraps", "",
+                  "Rows cluster by text and by (layer, head) family; the cluster intervals resample whole texts "
+                  "or whole families (blank where there is one cluster or no text ids).", "",
+                  "| model | s | metric | median | row 95% CI | text-cluster 95% CI | family-cluster 95% CI |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in meds.iter_rows(named=True):
+            lines.append(f"| {r['model']} | {r['s']} | {r['metric']} | {_fmt(r['median'])} | [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}] "
+                         f"| [{_fmt(r['ci_lo_text'])}, {_fmt(r['ci_hi_text'])}] | [{_fmt(r['ci_lo_family'])}, {_fmt(r['ci_hi_family'])}] |")
+        auc_cols = [c for c in pred.columns if c.startswith("auc_hard_")]
+        lines += ["", "## Dropped mass → hard rows at several thresholds; per-family Spearman", "",
+                  "| model | s | " + " | ".join(f"AUC (κ > {c[9:]})" for c in auc_cols)
+                  + " | median over families of Spearman(D, ES_pool) (families) |",
+                  "|---|---|" + "---|" * (len(auc_cols) + 1)]
+        for p in pred.filter(pl.col("scope") == "pooled").iter_rows(named=True):
+            lines.append(f"| {p['model']} | {p['s']} | " + " | ".join(_fmt(p[c]) for c in auc_cols)
+                         + f" | {_fmt(p['spearman_family_median'])} ({p['spearman_families']}) |")
     if "groups" in tables and tables["groups"].height:
         lines += ["", "## Group voting (shared kept set per KV group)", "",
                   "| model | s | g | rows | cost / own top-mass [95% CI] | cost / ES_pool [95% CI] |", "|---|---|---|---|---|---|"]

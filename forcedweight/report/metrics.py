@@ -61,16 +61,18 @@ def load_results(path: str | os.PathLike) -> pl.DataFrame:
     for f in files:
         lf = pl.scan_parquet(f)
         names = lf.collect_schema().names()
-        sel = [c for c in names if c in REQUIRED_COLUMNS or c in FAMILY_COLUMNS or c.startswith("es_") or c in ("pi_best", "solver_improved", "n_keys")]
+        sel = [c for c in names if c in REQUIRED_COLUMNS or c in FAMILY_COLUMNS or c.startswith("es_") or c in ("pi_best", "solver_improved", "n_keys", "text_id")]
         frames.append(lf.select(sel))
     df = pl.concat(frames, how="diagonal_relaxed").collect()
     fill = {"model": pl.lit("unknown"), "layer": pl.lit(-1), "head": pl.lit(-1)}
     df = df.with_columns([fill[c].alias(c) for c in FAMILY_COLUMNS if c not in df.columns])
     floats = [c for c in df.columns if c.startswith("es_") or c in ("swaps", "lower_bound", "dropped_mass", "pi_top", "pi_best")]
-    if "n_keys" not in df.columns:
-        df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("n_keys"))
+    for c in ("n_keys", "text_id"):
+        if c not in df.columns:
+            df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias(c))
     return df.with_columns(
         pl.col("n_keys").cast(pl.Int64),
+        pl.col("text_id").cast(pl.Int64),
         pl.col("model").cast(pl.Utf8).fill_null("unknown"),
         pl.col("layer").cast(pl.Int64).fill_null(-1),
         pl.col("head").cast(pl.Int64).fill_null(-1),

@@ -20,6 +20,25 @@ from forcedweight.io import atomic_path, list_parquet_files, open_parquet, write
 
 from forcedweight.report.metrics import KEYS, STATUSES, _np, hard_row_auc, no_eviction, row_metrics, statistic_rows
 
+#: Cluster bootstraps of the pooled medians: resample whole texts, or whole (layer, head) families.
+CLUSTERINGS = ("text", "family")
+#: Hard-row thresholds at which the dropped-mass AUC is also reported.
+AUC_THRESHOLDS = (0.01, 0.05, 0.1, 0.2)
+
+
+def cluster_labels(valid: pl.DataFrame) -> dict[str, np.ndarray]:
+    """Cluster label per row: ``text`` = (model, text_id) when text ids are known; ``family`` =
+    (model, layer, head) when there is more than one family. Arrays of shape (n,)."""
+    out = {}
+    if "text_id" in valid.columns and valid.get_column("text_id").null_count() < valid.height:
+        out["text"] = (valid.get_column("model") + ":" + valid.get_column("text_id").cast(pl.Utf8).fill_null("?")).to_numpy()
+    fam = (valid.get_column("model") + ":" + valid.get_column("layer").cast(pl.Utf8) + ":"
+           + valid.get_column("head").cast(pl.Utf8)).to_numpy()
+    if len(set(fam)) > 1:
+        out["family"] = fam
+    return out
+
+
 def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: int, seed: int):
     """All statistics of one group: rows for the counts, medians, bounds, substitution, prediction tables."""
     counts = {s_: int((df.get_column("status") == s_).sum()) for s_ in STATUSES}
@@ -33,19 +52,30 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
     medians = []
     top, best = _np(valid, "es_top"), _np(valid, "es_best")
     defined = np.isfinite(top) & np.isfinite(best)
+    pooled = key.get("scope") == "pooled"
+    clusters = cluster_labels(valid) if pooled else {}
     for name, values in m.items():
         reason = ""
+        keep = np.ones(values.shape, dtype=bool)
         if name == "balancing_recovery":  # undefined where E(top) = ES*: nothing to recover
             nz = int(np.sum(defined & (top - best <= 0)))
             reason = f"{nz} row(s) with no gap (E(top) = ES*) excluded" if nz else ""
-            values = values[~(defined & (top - best <= 0))]
+            keep = ~(defined & (top - best <= 0))
         elif name.startswith("ratio_"):  # undefined where ES* = 0
             nz = int(np.sum(best == 0))
             reason = f"{nz} row(s) with ES* = 0 excluded (ratio undefined)" if nz else ""
-            values = values[best != 0]
+            keep = best != 0
+        values = values[keep]
         ci = st.bootstrap_median_ci(values, n_boot=n_boot, seed=seed)
         note = "; ".join(x for x in (excluded, reason, ci.note) if x)
-        medians.append({**key, "metric": name, "n": ci.n, "median": ci.median, "ci_lo": ci.lo, "ci_hi": ci.hi, "note": note})
+        rec = {**key, "metric": name, "n": ci.n, "median": ci.median, "ci_lo": ci.lo, "ci_hi": ci.hi}
+        for cname in CLUSTERINGS:  # cluster bootstrap beside the row bootstrap (pooled rows only)
+            lo = hi = np.nan
+            if cname in clusters:
+                cci = st.cluster_bootstrap_median_ci(values, clusters[cname][keep], n_boot=n_boot, seed=seed)
+                lo, hi = cci.lo, cci.hi
+            rec[f"ci_lo_{cname}"], rec[f"ci_hi_{cname}"] = lo, hi
+        medians.append({**rec, "note": note})
 
     n_valid = valid.height
     pess = st.pessimistic_closable_share(
@@ -89,6 +119,7 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
         "auc": auc.auc, "auc_lo": auc.lo, "auc_hi": auc.hi, "auc_se": auc.se,
         "n_hard": auc.n_pos, "n_easy": auc.n_neg,
         "spearman_rho": rho.rho, "spearman_p": rho.pvalue, "spearman_n": rho.n,
+        **{f"auc_hard_{t:g}": hard_row_auc(m, t).auc for t in AUC_THRESHOLDS},
         "note": "; ".join(x for x in (auc.note, rho.note) if x),
     }
     return count_row, medians, bounds, substitution, prediction
@@ -118,7 +149,22 @@ def compute_tables(df: pl.DataFrame, hard_threshold: float = 0.05, n_boot: int =
         out["bounds"].append(b)
         out["substitution"].append(sub)
         out["prediction"].append(pred)
+    _family_spearman(out["prediction"])
     return {k: _frame(v) for k, v in out.items()}
+
+
+def _family_spearman(prediction: list[dict]) -> None:
+    """Add to each pooled prediction row the median over its families (same model and s) of their
+    Spearman(D, ES_pool) (``spearman_family_median``, finite ones only; ``spearman_families`` counts
+    them); NaN on family rows."""
+    for rec in prediction:
+        rec["spearman_family_median"], rec["spearman_families"] = np.nan, 0
+        if rec["scope"] != "pooled":
+            continue
+        rhos = [r["spearman_rho"] for r in prediction if r["scope"] == "family" and r["model"] == rec["model"]
+                and r["s"] == rec["s"] and np.isfinite(r["spearman_rho"])]
+        if rhos:
+            rec["spearman_family_median"], rec["spearman_families"] = float(np.median(rhos)), len(rhos)
 
 def group_summary(gdf: pl.DataFrame, n_boot: int = 2000, seed: int = 0) -> pl.DataFrame:
     """Median group-voting cost (over own top-mass error and over ES_pool) with intervals, by (model, s, g)."""

@@ -227,3 +227,27 @@ def test_substitution_sensitivity_direct():
     assert r["median_recovery_best"] == pytest.approx(np.median(rb), abs=1e-12)
     assert r["median_recovery_pool"] == pytest.approx(0.9, abs=1e-12)
     assert r["n"] == 41
+
+
+def test_cluster_bootstrap_against_a_direct_loop():
+    rng = np.random.default_rng(3)
+    labels = rng.choice(["a", "b", "c", "d", "e", "f"], size=80)
+    shift = {c: i * 0.5 for i, c in enumerate("abcdef")}  # strong cluster effects
+    x = np.array([shift[c] for c in labels]) + 0.1 * rng.normal(size=80)
+    x[3] = np.nan
+    got = st.cluster_bootstrap_median_ci(x, labels, n_boot=300, seed=9)
+    # direct: clusters in sorted label order, k clusters drawn with replacement per resample
+    keep = np.isfinite(x)
+    names = sorted(set(labels[keep]))
+    groups = [x[keep][labels[keep] == c] for c in names]
+    r = np.random.default_rng(9)
+    meds = [np.median(np.concatenate([groups[i] for i in r.integers(0, len(groups), size=len(groups))]))
+            for _ in range(300)]
+    lo, hi = np.quantile(meds, [0.025, 0.975])
+    assert (got.lo, got.hi) == (pytest.approx(lo, abs=1e-15), pytest.approx(hi, abs=1e-15))
+    assert got.median == np.median(x[keep]) and got.n == 79 and "1 non-finite" in got.note
+    # clustering matters here: the cluster interval is much wider than the row interval
+    row = st.bootstrap_median_ci(x, n_boot=300, seed=9)
+    assert (got.hi - got.lo) > 2 * (row.hi - row.lo)
+    one = st.cluster_bootstrap_median_ci([1.0, 2.0], ["a", "a"])
+    assert np.isnan(one.lo) and "fewer than" in one.note

@@ -332,3 +332,37 @@ def test_cli_report(results, tmp_path, monkeypatch, capsys):
     pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "other.parquet")
     code, cap = _cli(["report", str(tmp_path / "other.parquet"), "--out", str(tmp_path / "o")], monkeypatch, capsys)
     assert code == 2 and cap.err.count("\n") == 1 and "other.parquet: not certify output" in cap.err
+
+
+def test_cluster_intervals_auc_thresholds_family_spearman_match_direct(tmp_path):
+    from forcedweight.report.tables import AUC_THRESHOLDS
+
+    df = fake_results(n_per=24, layers=(0, 1, 2), s_values=(4,), seed=8).filter(pl.col("status") == "optimal")
+    df.write_parquet(tmp_path / "r.parquet")
+    loaded = load_results(tmp_path / "r.parquet")
+    tables = compute_tables(loaded, n_boot=50, seed=2)
+    top, best = loaded["es_top"].to_numpy(), loaded["es_best"].to_numpy()
+    kappa = np.where(top == 0, 0.0, (top - best) / top)
+    med = tables["medians"].filter((pl.col("scope") == "pooled") & (pl.col("metric") == "closable_share")).row(0, named=True)
+    texts = np.array([f"m1:{t}" for t in loaded["text_id"]])
+    fams = np.array([f"m1:{l}:{h}" for l, h in zip(loaded["layer"], loaded["head"])])
+    for name, lab in (("text", texts), ("family", fams)):
+        ref = st.cluster_bootstrap_median_ci(kappa, lab, n_boot=50, seed=2)
+        assert med[f"ci_lo_{name}"] == pytest.approx(ref.lo, abs=1e-15)
+        assert med[f"ci_hi_{name}"] == pytest.approx(ref.hi, abs=1e-15)
+    fam_med = tables["medians"].filter((pl.col("scope") == "family") & (pl.col("metric") == "closable_share"))
+    assert fam_med["ci_lo_text"].is_nan().all()  # cluster intervals only on pooled rows
+    pred = tables["prediction"].filter(pl.col("scope") == "pooled").row(0, named=True)
+    dm = loaded["dropped_mass"].to_numpy()
+    checked = 0
+    for t in AUC_THRESHOLDS:
+        hard = kappa > t
+        if 0 < hard.sum() < hard.size:  # Mann-Whitney directly
+            direct = sps.mannwhitneyu(dm[hard], dm[~hard]).statistic / (hard.sum() * (~hard).sum())
+            assert pred[f"auc_hard_{t:g}"] == pytest.approx(direct, rel=1e-12)
+            checked += 1
+    assert checked >= 2
+    rhos = [sps.spearmanr(dm[loaded["layer"].to_numpy() == l], loaded["es_pool"].to_numpy()[loaded["layer"].to_numpy() == l]).statistic
+            for l in (0, 1, 2)]
+    assert pred["spearman_family_median"] == pytest.approx(np.median(rhos), rel=1e-12)
+    assert pred["spearman_families"] == 3
