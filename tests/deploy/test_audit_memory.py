@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from forcedweight.deploy.allocate import budget_for
+from forcedweight.deploy.allocate import ALLOCATORS, budget_for
 from forcedweight.deploy.audit.memory import keep_mask, masked_bytes, memory_rows
 from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
@@ -15,6 +15,7 @@ from forcedweight.errors import InputError
 from forcedweight.models import tiny_llama
 
 N = 200
+ALLOCS = sorted(ALLOCATORS)  # uniform, adakv, global (and contourkv: it reads the prefill)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +32,8 @@ def _by(rows):
 def test_storages_measured(prefill):
     pols = {"knorm": make_policy("knorm"), "snapkv": make_policy("snapkv"), "random": make_policy("random")}
     ratios = [0.0, 0.5, 0.9]
-    rows = memory_rows(prefill, pols, ["uniform", "adakv", "global"], ratios)
-    assert len(rows) == 3 * 3 * 3 * 3
+    rows = memory_rows(prefill, pols, ALLOCS, ratios)
+    assert len(rows) == 3 * len(ALLOCS) * 3 * 3
     by = _by(rows)
     L, H, D = prefill.n_layers, prefill.n_kv_heads, prefill.head_dim
     elem = prefill.keys(0).element_size()
@@ -40,7 +41,7 @@ def test_storages_measured(prefill):
     dense = L * 2 * H * N * D * elem
     entry = 2 * D * elem  # one entry's K and V
     for pol in pols:
-        for a in ("uniform", "adakv", "global"):
+        for a in ALLOCS:
             for r in ratios:
                 masked, ragged, nominal = (by[(pol, a, r, st)] for st in ("masked", "ragged", "nominal"))
                 assert masked["dense_bytes"] == dense

@@ -24,15 +24,16 @@ import pyarrow.parquet as pq
 
 from forcedweight import io as fio
 from forcedweight.core.stats import paired_comparison
-from forcedweight.deploy.allocate import budget_for, make_allocator, select
+from forcedweight.deploy.allocate import budget_for, make_allocator
+from forcedweight.deploy.audit.memory import kept_sets
 from forcedweight.deploy.evaluate import evaluate
 from forcedweight.deploy.evaluate_protocol import prompt_ids
 from forcedweight.deploy.policies import POLICIES, make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import higher_is_better, metric_for_task
 
-#: the policies of the issue (``contourkv`` joins when it is registered)
-LEAK_POLICIES = ("snapkv", "tova", "h2o", "kvzip", "expected_attention", "contourkv")
+#: the policies of the issue; ``contourkv`` is an allocator (``--allocator contourkv``), audited with them
+LEAK_POLICIES = ("snapkv", "tova", "h2o", "kvzip", "expected_attention")
 
 LEAK_SCHEMA = pa.schema([
     ("policy", pa.string()), ("allocator", pa.string()), ("compression_ratio", pa.float64()),
@@ -67,7 +68,7 @@ def kept_context_sets(model, tokenizer, example: dict, policy: str, compression_
     pol = make_policy(policy, **options)
     sc = pol.padded_scores(prefill, compression_ratio=compression_ratio)
     total = budget_for(prefill.n_tokens, prefill.n_layers, prefill.n_kv_heads, compression_ratio)
-    keep = select(sc, make_allocator(allocator).allocate(sc, total))
+    keep = kept_sets(make_allocator(allocator), sc, total, prefill)
     return [[k[k < n_ctx] for k in layer] for layer in keep]
 
 

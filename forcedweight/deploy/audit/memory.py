@@ -59,6 +59,14 @@ def masked_bytes(dense_cache, keep: list[list[np.ndarray]], mask_dtype: torch.dt
     return physical_bytes(dense_tensors(dense_cache) + masks)
 
 
+def kept_sets(alloc, scores: list[np.ndarray], total: int, prefill: Prefill) -> list[list[np.ndarray]]:
+    """Per layer, per KV head kept indices of an allocator at a total budget (as the harness does: an
+    allocator with ``needs_prefill`` (contourkv) chooses them with the prefill's rows)."""
+    if getattr(alloc, "needs_prefill", False):
+        return alloc.keep(scores, total, prefill=prefill)
+    return select(scores, alloc.allocate(scores, total))
+
+
 def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str = "0",
                 mask_dtype: torch.dtype = torch.bool) -> list[dict]:
     """The memory table rows of one prefilled example.
@@ -85,8 +93,7 @@ def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str
             if cached is None or pol.depends_on_ratio:
                 cached = pol.padded_scores(prefill, compression_ratio=r)
             for a in allocators:
-                counts = make_allocator(a).allocate(cached, budget_for(n, L, H, r))
-                keep = select(cached, counts)
+                keep = kept_sets(make_allocator(a), cached, budget_for(n, L, H, r), prefill)
                 cache = prefill.ragged_cache()
                 evict(cache, keep)
                 measured = {"ragged": int(cache.physical_bytes()), "nominal": int(cache.nominal_bytes()),
@@ -100,4 +107,4 @@ def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str
     return rows
 
 
-__all__ = ["STORAGES", "dense_tensors", "keep_mask", "masked_bytes", "memory_rows"]
+__all__ = ["STORAGES", "dense_tensors", "keep_mask", "kept_sets", "masked_bytes", "memory_rows"]
