@@ -405,3 +405,27 @@ def test_question_does_not_change_query_agnostic_kept_sets(model, prefill, conte
             assert _kept(pol, again) == first[n], n
     # the sets differ between policies (the test can fail)
     assert first["knorm"] != first["tova"] and first["snapkv"] != first["streaming_llm"]
+
+
+@pytest.mark.smollm2
+def test_smollm2_prefill_and_kvzip(smollm2):
+    """On the embedded SmolLM2 (chat template, GQA 9 over 3): the Prefill equals eager attention, and
+    KVzip runs its reconstruction on a copy (the Prefill's cache intact), every entry scored."""
+    m, tok = smollm2.model, smollm2.tokenizer
+    ids = tok("The needle is 4217. " * 12, return_tensors="pt").input_ids[:, :64]
+    pre = prefill_context(m, tok, ids)
+    previous = m.config._attn_implementation
+    m.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            out = m(ids, output_attentions=True)
+    finally:
+        m.config._attn_implementation = previous
+    for layer in (0, pre.n_layers - 1):
+        np.testing.assert_allclose(pre.attention(layer), out.attentions[layer][0].double().numpy(), rtol=0, atol=1e-5)
+    before = pre.keys(3).clone()
+    pol = make_policy("kvzip")
+    sc = pol.padded_scores(pre)
+    torch.testing.assert_close(pre.keys(3), before, rtol=0, atol=0)
+    assert len(sc) == pre.n_layers and sc[0].shape == (3, 64) and (sc[0][:, 4:] > 0).all()
+    assert pol.last_cost["prefill_multiple"] > 1
