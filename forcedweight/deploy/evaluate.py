@@ -63,6 +63,7 @@ RESULT_SCHEMA = pa.schema([
     ("nominal_bytes", pa.int64()), ("dense_bytes", pa.int64()), ("kept_entries", pa.int64()),
     ("context_tokens", pa.int64()), ("answer_tokens", pa.int64()), ("prefill_s", pa.float64()),
     ("scoring_s", pa.float64()), ("evict_s", pa.float64()), ("decode_s", pa.float64()),
+    ("effective_compression", pa.float64()),
 ])
 KEY = ("id", "policy", "allocator", "compression_ratio", "budget", "query_aware")
 
@@ -161,7 +162,7 @@ def _done_keys(parts: Path) -> tuple[set, list[Path]]:
 
 
 def _check_examples(examples: list[dict], prompts: list[Prompt], methods: list[Method], window: int | None,
-                    n_layers: int, policies: dict, path) -> None:
+                    policies: dict, path) -> None:
     """Every bad input an example can hold, before any work (InputError naming the example)."""
     for ex, pr in zip(examples, prompts):
         if pr.n_context == 0:
@@ -207,7 +208,14 @@ def run_example(model, tokenizer, ex: dict, prompt: Prompt, methods: list[Method
     for m in methods:
         cache = prefill.ragged_cache()
         scoring_s = evict_s = 0.0
-        if m.policy != NONE:
+        if m.policy != NONE and getattr(policies[m.policy], "selects", False):  # own kept set + bias (sampled)
+            t = time.perf_counter()
+            r = m.ratio if m.budget is None else 1.0 - min(round(m.budget), n) / n
+            keep, bias, _ = policies[m.policy].select(prefill, r, seed)
+            for layer in range(prefill.n_layers):
+                cache.evict(layer, keep[layer], None if bias is None else bias[layer])
+            evict_s = time.perf_counter() - t
+        elif m.policy != NONE:
             pol = policies[m.policy]
             skey = (m.policy, m.ratio if pol.depends_on_ratio else None)
             if skey not in scores:
@@ -243,6 +251,7 @@ def run_example(model, tokenizer, ex: dict, prompt: Prompt, methods: list[Method
             "physical_bytes": physical, "nominal_bytes": nominal, "dense_bytes": dense_bytes,
             "kept_entries": kept, "context_tokens": n, "answer_tokens": len(ids), "prefill_s": prefill_s,
             "scoring_s": scoring_s, "evict_s": evict_s, "decode_s": decode_s,
+            "effective_compression": 1.0 - kept / (n * prefill.n_layers * prefill.n_kv_heads),
         })
     return rows
 
@@ -279,20 +288,22 @@ def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[st
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
     methods = methods_for(policies, allocators, compression_ratios, budgets, methods)
-    for a in {m.allocator for m in methods if m.policy != NONE}:
-        make_allocator(a)
     options = dict(policy_options or {})
     pols = {m.policy: make_policy(m.policy, seed=seed, **options.get(m.policy, {}))
             for m in methods if m.policy != NONE}
+    methods = list(dict.fromkeys(Method(m.policy, "sampled", m.ratio, m.budget)  # no allocator: "sampled"
+                                 if getattr(pols.get(m.policy), "selects", False) else m for m in methods))
+    for a in {m.allocator for m in methods if m.policy != NONE and m.allocator != "sampled"}:
+        make_allocator(a)
     examples = read_tasks(tasks, max_examples)
     results = out / "results.parquet"
-    fio.check_output_file(results)
     loaded = _load(model, device, note)
     mdl, tok = loaded.model, loaded.tokenizer
     prompts = [prompt_ids(tok, ex, query_aware) for ex in examples]
     cfg = mdl.config
     window = getattr(cfg, "max_position_embeddings", None)
-    _check_examples(examples, prompts, methods, window, int(cfg.num_hidden_layers), pols, tasks)
+    _check_examples(examples, prompts, methods, window, pols, tasks)
+    fio.check_output_file(results)  # creates DIR: only once every input is known to be good
 
     use_ragged_attention(mdl)
     parts = out / ".results.parquet.parts"
