@@ -11,6 +11,7 @@ from forcedweight.deploy.policies.base import Policy
 from forcedweight.deploy.policies.compactor import CompactorPolicy
 from forcedweight.deploy.policies.expected_attention import ExpectedAttentionPolicy
 from forcedweight.deploy.policies.kvzip import KVzipPolicy
+from forcedweight.deploy.policies.sampled import SAMPLED_POLICIES
 from forcedweight.deploy.policies.simple import KnormPolicy, RandomPolicy, StreamingLLMPolicy
 from forcedweight.errors import InputError
 
@@ -18,7 +19,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (RandomPolicy, StreamingLLMPolicy, KnormPolicy, TOVAPolicy, H2OPolicy, SnapKVPolicy,
                 ExpectedAttentionPolicy, KVzipPolicy, CompactorPolicy)
-}
+} | SAMPLED_POLICIES  # sampled-<proposal> / topk-<proposal> (issue 14)
 
 
 def make_policy(name: str, **options) -> Policy:
