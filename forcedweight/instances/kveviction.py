@@ -67,12 +67,13 @@ def kveviction_row(inst: dict) -> dict:
 
 
 def write_kveviction(out_dir: str | Path, m: int, count: int, seed: int, bits: int | None = None,
-                     kinds: Iterable[str] | str = KINDS, progress: bool = False) -> Path:
-    """Generate and write ``out_dir/kveviction-m{m}.parquet`` plus a JSON manifest beside it."""
+                     kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> Path:
+    """Generate and write ``out_dir/kveviction-m{m}.parquet`` plus a JSON manifest beside it
+    (``even_total``: see ``partition.make_instance``)."""
     kinds = instance_kinds(kinds)
     bits = check_parameters(m, bits)
-    rows = [kveviction_row(inst) for inst in generate(m, count, seed, bits, kinds, progress)]
+    rows = [kveviction_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
     manifest = _manifest("partition-to-kveviction (paper 000)", m, count, seed, bits, kinds, rows)
-    manifest.update(d=1, r=RATIO, epsilon=EPSILON,
+    manifest.update(even_total=bool(even_total), d=1, r=RATIO, epsilon=EPSILON,
                     question="exists I, |I| = (1 - r) n, with |attn(q, K_I, v_I) - attn(q, K, v)| <= epsilon")
     return write_instances(rows_table(rows, KVEVICTION_FIELDS), out_dir, f"kveviction-m{m}", manifest)

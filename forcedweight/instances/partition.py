@@ -8,10 +8,14 @@ Integers ``a_1..a_m`` (m even) become one attention row with N = m keys, uniform
 Three kinds, every answer proved by :func:`forcedweight.instances.proofs.prove_balanced`:
 
 - ``yes``: a planted equal-sum balanced split (the witness), positions shuffled;
-- ``no``: uniform random ``bits``-bit integers, redrawn until the proof finds no equal split;
-- ``near_miss``: a planted yes-instance with one integer moved by delta in {-2, -1, +1, +2}
-  (odd delta: T becomes odd; even delta: T stays even, so parity gives nothing away),
+- ``no``: uniform random ``bits``-bit integers (by default one moved by ±1 when T is odd, so
+  T is even and parity gives nothing away), redrawn until the proof finds no equal split;
+- ``near_miss``: a planted yes-instance with one integer moved by delta in {-2, +2} by default
+  (T stays even), or in {-2, -1, +1, +2} with ``even_total=False`` (odd delta: T becomes odd),
   redrawn until the proof finds no equal split.
+
+Default bits keep the float64 rounding bound of ``E`` below half the smallest gap 1/m
+(``honest_bits``); explicit bits that would reach the gap are refused.
 
 Instance i of a file is drawn from ``SeedSequence([seed, m, i])``: deterministic given the seed,
 and independent of how many instances the file holds.
@@ -35,8 +39,18 @@ KINDS = ("yes", "no", "near_miss")
 MAX_DRAWS = 10_000
 
 
+def honest_bits(m: int) -> int:
+    """The most bits per integer whose float64 rounding bound (``rounding_bound``) stays at or below
+    half the smallest nonzero gap, ``1 / (2 m)``, so a certified ES is never confused with a gap."""
+    eps = float(np.finfo(np.float64).eps)
+    return int(math.floor(math.log2(1.0 / (2.0 * m * 2.0 * (2 * m + 4) * eps) + 1.0)))
+
+
 def default_bits(m: int) -> int:
-    """Bits per integer: ``ceil(log2 C(m, m/2)) - 1`` (at least 8).
+    """Bits per integer: ``min(ceil(log2 C(m, m/2)) - 1, honest_bits(m))`` (at least 8).
+
+    The second term keeps the stated rounding bound below the 1/m gap at every m (it binds from
+    m = 44 on: 38 bits at m = 44, 37 at m = 48).
 
     The ``C(m, m/2) / 2`` balanced splits then spread their imbalances (standard deviation about
     ``2**bits sqrt(m / 12)``) over a range wider than their number, so a random draw is a
@@ -45,7 +59,7 @@ def default_bits(m: int) -> int:
     small enough that float64 rounding in ``E`` (at most about ``2 (2 m + 4) eps 2**bits``,
     :func:`forcedweight.certify.solvers.mitm.error_tolerance`) stays well below the smallest gap 1/m.
     """
-    return max(8, math.ceil(math.log2(math.comb(m, m // 2))) - 1)
+    return max(8, min(math.ceil(math.log2(math.comb(m, m // 2))) - 1, honest_bits(m)))
 
 
 def check_parameters(m: int, bits: int | None) -> int:
@@ -59,6 +73,9 @@ def check_parameters(m: int, bits: int | None) -> int:
         raise InputError(f"--bits must be >= 2, got {bits}")
     if m * 2.0**bits >= 2.0**53:
         raise InputError(f"--bits {bits} with --m {m}: sums reach 2**53, not exact in float64")
+    if rounding_bound(m, bits) >= 1.0 / m:
+        raise InputError(f"--bits {bits} with --m {m}: the float64 rounding bound {rounding_bound(m, bits):.3g} "
+                         f"reaches the smallest gap 1/m = {1.0 / m:.3g}; use --bits {honest_bits(m)} or fewer")
     return bits
 
 
@@ -97,8 +114,12 @@ def _plant_yes(m: int, bits: int, rng: np.random.Generator) -> tuple[np.ndarray,
     raise RuntimeError(f"could not plant a yes-instance at m={m}, bits={bits}")
 
 
-def make_instance(kind: str, m: int, bits: int, rng: np.random.Generator) -> dict:
+def make_instance(kind: str, m: int, bits: int, rng: np.random.Generator, even_total: bool = True) -> dict:
     """One balanced-partition instance with its proved answer.
+
+    With ``even_total`` (default) ``no`` and ``near_miss`` instances have an even total T, so
+    parity alone never decides them (an odd T has no equal split): a ``no`` draw with an odd T
+    moves one integer by ±1, a near miss moves one integer by ±2.
 
     Returns
     -------
@@ -115,10 +136,13 @@ def make_instance(kind: str, m: int, bits: int, rng: np.random.Generator) -> dic
             return dict(integers=a, answer=True, kind=kind, witness=witness, min_diff=0, gap=0.0, draws=draw)
         if kind == "no":
             a = rng.integers(1, 2**bits, size=m, dtype=np.int64)
+            if even_total and int(a.sum()) % 2:
+                j = int(rng.integers(m))
+                a[j] += 1 if a[j] == 1 else -1
         else:
             a, _ = _plant_yes(m, bits, rng)
             j = int(rng.integers(m))
-            delta = int(rng.choice([-2, -1, 1, 2]))
+            delta = int(rng.choice([-2, 2] if even_total else [-2, -1, 1, 2]))
             if not 1 <= a[j] + delta < 2**bits:
                 delta = -delta
             a[j] += delta
@@ -127,7 +151,10 @@ def make_instance(kind: str, m: int, bits: int, rng: np.random.Generator) -> dic
             continue
         return dict(integers=a, answer=False, kind=kind, witness=None, min_diff=proof.min_diff,
                     gap=proof.gap, draws=draw)
-    raise RuntimeError(f"no {kind} instance found in {MAX_DRAWS} draws (m={m}, bits={bits})")
+    parity = "even-total " if even_total else ""
+    raise InputError(f"--bits {bits} with --m {m}: no {parity}{kind} instance in {MAX_DRAWS} draws (nearly every "
+                     f"draw splits evenly); use more --bits (default {default_bits(m)})"
+                     + (" or --any-total" if even_total else ""))
 
 
 def instance_kinds(kinds: Iterable[str] | str) -> tuple[str, ...]:
@@ -142,7 +169,7 @@ def instance_kinds(kinds: Iterable[str] | str) -> tuple[str, ...]:
 
 
 def generate(m: int, count: int, seed: int, bits: int | None = None,
-             kinds: Iterable[str] | str = KINDS, progress: bool = False) -> list[dict]:
+             kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> list[dict]:
     """``count`` instances, kinds assigned round-robin; instance i from ``SeedSequence([seed, m, i])``.
 
     ``progress`` shows the package's progress bar (``io.progress``) (each no/near-miss proof takes ~0.3 s at m = 40).
@@ -156,7 +183,7 @@ def generate(m: int, count: int, seed: int, bits: int | None = None,
         task = bar.add_task(f"m={m}", total=count)
         for i in range(count):
             rng = np.random.default_rng(np.random.SeedSequence([seed, m, i]))
-            inst = make_instance(kinds[i % len(kinds)], m, bits, rng)
+            inst = make_instance(kinds[i % len(kinds)], m, bits, rng, even_total)
             inst.update(row_id=i, bits=bits, seed=seed)
             out.append(inst)
             bar.advance(task)
@@ -232,17 +259,18 @@ def _manifest(construction: str, m: int, count: int, seed: int, bits: int, kinds
 def rounding_bound(m: int, bits: int) -> float:
     """Bound on the float64 rounding of ``E`` for these rows (``solvers.mitm.error_tolerance``).
 
-    Compare a certified ES with ``gap`` within this bound; it stays below the smallest nonzero gap
-    1/m at the default bits for m <= 40.
+    Compare a certified ES with ``gap`` within this bound; at the default bits it stays at or
+    below half the smallest nonzero gap 1/m at every m (``honest_bits``).
     """
     return 2.0 * (m + 2 * (m // 2) + 4) * float(np.finfo(np.float64).eps) * (2**bits - 1)
 
 
 def write_partition(out_dir: str | Path, m: int, count: int, seed: int, bits: int | None = None,
-                    kinds: Iterable[str] | str = KINDS, progress: bool = False) -> Path:
+                    kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> Path:
     """Generate and write ``out_dir/partition-m{m}.parquet`` plus a JSON manifest beside it."""
     kinds = instance_kinds(kinds)
     bits = check_parameters(m, bits)
-    rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds, progress)]
+    rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
     manifest = _manifest("zeroes-from-balanced-partition", m, count, seed, bits, kinds, rows)
+    manifest["even_total"] = bool(even_total)
     return write_instances(rows_table(rows, PARTITION_FIELDS), out_dir, f"partition-m{m}", manifest)

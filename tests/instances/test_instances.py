@@ -158,7 +158,8 @@ def test_mitm_decides_generated_instances(m):
 
 @pytest.mark.parametrize("m,bits", [(8, None), (16, None), (20, None), (24, 14)])
 def test_cpsat_enumeration_and_brute_force_agree_with_answers(m, bits):
-    for inst in generate(m, 3, seed=1, bits=bits):
+    # 14 bits at m = 24 are too few for even-total no-instances (nearly every draw splits evenly)
+    for inst in generate(m, 3, seed=1, bits=bits, even_total=bits is None):
         row = partition_row(inst)
         p, V = row_arrays(row)
         s = row["s"]
@@ -302,9 +303,9 @@ def test_certify_agrees_with_the_proved_answers(tmp_path, construction, solver):
     from forcedweight.certify import CertifyOptions, certify_file
 
     # m = 28: the candidate pool (26 keys) is not every key, so the solver over all N keys decides;
-    # 16-bit integers keep CP-SAT fast
+    # 16-bit integers keep CP-SAT fast (too few bits for even-total no-instances: any total)
     write = write_partition if construction == "partition" else write_kveviction
-    path = write(tmp_path, 28, 3, seed=5, bits=16)
+    path = write(tmp_path, 28, 3, seed=5, bits=16, even_total=False)
     out = certify_file(path, tmp_path / "cert.parquet", [14], CertifyOptions(solver=solver, time_limit=30.0),
                        progress=False)
     recs = pq.read_table(out).to_pylist()
@@ -320,3 +321,31 @@ def test_certify_agrees_with_the_proved_answers(tmp_path, construction, solver):
             assert r["es_best"] <= tol  # ES = 0 with a witness
         else:
             assert r["es_best"] >= r["gap"] - tol and abs(r["es_best"] - r["gap"]) <= tol
+
+
+def test_default_bits_keep_the_rounding_bound_below_the_gap_at_every_m():
+    from forcedweight.instances.partition import honest_bits, rounding_bound
+
+    for m in range(2, 49, 2):
+        bits = default_bits(m)
+        assert rounding_bound(m, bits) <= 0.5 / m  # half the smallest nonzero gap 1/m
+        assert rounding_bound(m, honest_bits(m) + 1) > 0.5 / m  # honest_bits is the largest such
+    assert default_bits(44) == 38 and default_bits(48) == 37  # the bound binds here (was 40 and 44)
+    with pytest.raises(InputError, match="rounding bound"):
+        check_parameters(44, 42)
+
+
+def test_no_and_near_miss_instances_have_even_totals_by_default():
+    insts = generate(12, 24, seed=3, kinds="no,near_miss")
+    assert all(int(np.sum(i["integers"])) % 2 == 0 for i in insts)
+    # even T: the smallest imbalance |2 sum_S a - T| is even, so the gap is at least 2/m
+    assert all(i["min_diff"] % 2 == 0 and i["gap"] >= 2 / 12 for i in insts)
+    for i in insts:  # brute force: no balanced split has equal sums
+        a = np.asarray(i["integers"])
+        T = int(a.sum())
+        best = min(abs(2 * sum(a[list(S)]) - T) for S in __import__("itertools").combinations(range(12), 6))
+        assert best == i["min_diff"] > 0
+    with pytest.raises(InputError, match="--any-total"):  # too few bits for even-total no-instances
+        generate(24, 3, seed=1, bits=8, kinds="no")
+    odd = generate(12, 40, seed=3, kinds="no,near_miss", even_total=False)
+    assert any(int(np.sum(i["integers"])) % 2 for i in odd)  # the old behaviour, on request
