@@ -8,7 +8,10 @@ Synthetic rows: softmax of N(0, sigma^2) logits with Gaussian values (d = 64); "
 sigma = 3, "flat" sigma = 0.5. ``--real``: rows of a ``forcedweight dump`` whose N lies within
 [0.8 n, n] for each n, a random sample (``--seed``) of ``--rows`` of them (SCIP gets the first
 ``--rows-scip`` of that sample). Both solvers get the same warm start, the pool optimum
-(``candidate_pool`` + ``enumerate_best``), as ``forcedweight certify`` gives them.
+(``pool.pool_optimum``: enumeration, or the pool-restricted bnb at s = 32, and its unproved set
+when better), as ``forcedweight certify`` gives them. Every Numba kernel is compiled first
+(``certify.warmup.warm_up``). "gap" = (value − lower_bound) / value of the open rows; "open lb>0" =
+open rows whose proved lower bound is above 0.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import time
 
 import numpy as np
 
-from forcedweight.certify.enumerate import enumerate_best
-from forcedweight.certify.pool import candidate_pool
+from forcedweight.certify.pool import pool_optimum
 from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.solvers.scip import solve_scip
+from forcedweight.certify.warmup import warm_up
+from forcedweight.core import operator as op
 
 KINDS = {"peaked": 3.0, "flat": 0.5}
 
@@ -65,21 +69,20 @@ def main():
     ap.add_argument("--rows-scip", type=int, default=None, help="rows per cell for SCIP")
     ap.add_argument("--seed", type=int, default=0, help="seed of the real-row sample")
     ap.add_argument("--csv", type=str, default=None, help="write per-row results here")
+    ap.add_argument("--node-limit", type=int, default=None, help="bnb node limit (deterministic stop)")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",")]
     real = real_rows(args.real, ns, args.rows, args.s, args.seed) if args.real else None
     per_row = []
     solvers = {"bnb": solve_bnb, "scip": solve_scip}
     names = [x for x in args.solvers.split(",") if x]
-    p, V = make_row(16, 1.0, 4, 0)
-    solve_bnb(p, V, 3)  # load the Numba cache before timing
-    enumerate_best(p, V, np.arange(16), 3)
+    warm_up()  # compile / load every kernel before timing
     rows_desc = f"real rows from {args.real}" if args.real else f"d = {args.d}, synthetic"
     print(f"s = {args.s}, {rows_desc}, up to {args.rows} rows per cell, "
           f"time limit {args.time_limit} s\n")
     print("| N | kind | solver | proved | median s (proved) | median s (all) | "
-          "improved on pool | median gap unsolved |")
-    print("|---|---|---|---|---|---|---|---|")
+          "improved on pool | median gap open | open lb>0 | pool size (median) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in ns:
         for kind, sigma in KINDS.items() if args.real is None else [("real", None)]:
             if args.real is None:
@@ -90,16 +93,20 @@ def main():
                 rids = [rid for _, _, rid in real[n]]
                 if not data:
                     continue
-            starts = []
+            starts, psize = [], []
             for p, V in data:
-                pool = candidate_pool(p, V, args.s)
-                starts.append(enumerate_best(p, V, pool, args.s))
+                pool, v0, S0, extra = pool_optimum(p, V, args.s)
+                if extra is not None:
+                    v0, S0 = op.forced_error(p, V, extra), extra
+                starts.append((v0, S0))
+                psize.append(pool.size)
             for name in names:
-                proved, secs, secs_ok, better, gaps = 0, [], [], 0, []
+                proved, secs, secs_ok, better, gaps, pos = 0, [], [], 0, [], 0
                 k = len(data) if name != "scip" or args.rows_scip is None else args.rows_scip
                 for (p, V), (v0, S0), rid in list(zip(data, starts, rids))[:k]:
                     t = time.perf_counter()
-                    r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit)
+                    kw = {"node_limit": args.node_limit} if name == "bnb" and args.node_limit else {}
+                    r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit, **kw)
                     dt = time.perf_counter() - t
                     secs.append(dt)
                     if r.proved:
@@ -107,16 +114,18 @@ def main():
                         secs_ok.append(dt)
                     else:
                         gaps.append(1 - r.lower_bound / r.value)
+                        pos += r.lower_bound > 0
                     better += r.value < v0 * (1 - 1e-9)
                     per_row.append(dict(n=n, kind=kind, solver=name, row_id=str(rid),
-                                        n_keys=len(p), proved=r.proved, seconds=dt,
+                                        n_keys=len(p), s=args.s, proved=r.proved, seconds=dt,
                                         value=r.value, lower_bound=r.lower_bound, pool=v0,
                                         nodes=r.info.get("nodes", -1) if r.info else -1))
                 k = len(secs)
                 med_ok = f"{np.median(secs_ok):.3g}" if secs_ok else "-"
                 gap = f"{np.median(gaps):.3g}" if gaps else "-"
                 print(f"| {n} | {kind} | {name} | {proved}/{k} | {med_ok} | "
-                      f"{np.median(secs):.3g} | {better}/{k} | {gap} |", flush=True)
+                      f"{np.median(secs):.3g} | {better}/{k} | {gap} | {pos}/{len(gaps)} | "
+                      f"{int(np.median(psize))} |", flush=True)
     if args.csv:
         import csv
 

@@ -15,37 +15,37 @@ from typing import Callable
 
 import numpy as np
 
-from forcedweight.certify.pool import MAX_SUBSETS
+from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT
 from forcedweight.certify.solvers import cpsat, mitm, scip
 from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.errors import InputError
 
-SolveFn = Callable[[np.ndarray, np.ndarray, int, np.ndarray, float], "tuple[SolverResult, str | None]"]
+SolveFn = Callable[..., "tuple[SolverResult, str | None]"]
 
 
-def _bnb(p, V, s, incumbent, time_limit):
-    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit), None
+def _bnb(p, V, s, incumbent, time_limit, node_limit=None):
+    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit), None
 
 
-def _auto(p, V, s, incumbent, time_limit):
+def _auto(p, V, s, incumbent, time_limit, node_limit=None):
     """mitm on uniform-mass 1-D integer rows (bnb with the time left when it gives up), else bnb."""
     if not mitm.matches(p, V):
-        return _bnb(p, V, s, incumbent, time_limit)
+        return _bnb(p, V, s, incumbent, time_limit, node_limit)
     res = mitm.solve_mitm(p, V, s, time_limit=time_limit)
     left = time_limit - res.seconds
     if res.proved or left <= 0:
         return res, None
     # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
     note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
-    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left), note
+    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left, node_limit=node_limit), note
 
 
-def _scip(p, V, s, incumbent, time_limit):
+def _scip(p, V, s, incumbent, time_limit, node_limit=None):
     return scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit), None
 
 
-def _cpsat(p, V, s, incumbent, time_limit):
+def _cpsat(p, V, s, incumbent, time_limit, node_limit=None):
     """CP-SAT on integral rows; scip (with a note) on the others."""
     try:
         return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
@@ -58,12 +58,17 @@ def _cpsat(p, V, s, incumbent, time_limit):
 SOLVERS: dict[str, SolveFn | None] = {"auto": _auto, "bnb": _bnb, "scip": _scip, "cpsat": _cpsat, "none": None}
 
 
-def run_solver(name: str, p: np.ndarray, V: np.ndarray, s: int, incumbent: np.ndarray, time_limit: float):
-    """Run the solver registered as ``name``; returns ``(SolverResult, note)`` (note: a fallback, or None)."""
+def run_solver(name: str, p: np.ndarray, V: np.ndarray, s: int, incumbent: np.ndarray, time_limit: float,
+               node_limit: int | None = None):
+    """Run the solver registered as ``name``; returns ``(SolverResult, note)`` (note: a fallback, or None).
+
+    ``node_limit`` caps bnb's search nodes (scip and cpsat run on time alone; mitm is exact or gives up
+    deterministically).
+    """
     solve = SOLVERS.get(name)
     if solve is None:
         raise ValueError(f"unknown solver {name!r}")
-    return solve(p, V, s, incumbent, time_limit)
+    return solve(p, V, s, incumbent, time_limit, node_limit)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,10 @@ class CertifyOptions:
         time (the larger first) until the enumeration fits (``pool.pool_for``). ``pool_size``
         records the pool used.
     balance_candidates : "all" (every key may swap in) or "pool".
+    node_limit : optional cap on bnb's search nodes per (row, s) (``--node-limit``): with it (and a
+        time limit not reached first) the statuses and bounds are the same on any machine.
+    pool_node_limit : nodes of the pool-restricted bnb that computes ``ES_pool`` where
+        ``C(pool, s) > max_subsets`` (``pool.pool_optimum``); unproved within it, the pool is shrunk.
     """
 
     pool_mass: int = 12
@@ -92,6 +101,8 @@ class CertifyOptions:
     seed: int = 0
     max_subsets: int = MAX_SUBSETS
     balance_candidates: str = "all"
+    node_limit: int | None = None
+    pool_node_limit: int = POOL_NODE_LIMIT
 
     def __post_init__(self):
         if self.solver not in SOLVERS:
@@ -104,6 +115,10 @@ class CertifyOptions:
             raise InputError(f"--time-limit must be a positive number of seconds, got {self.time_limit}")
         if self.max_subsets < 1:
             raise InputError(f"--max-subsets must be >= 1, got {self.max_subsets}")
+        if self.node_limit is not None and self.node_limit < 1:
+            raise InputError(f"--node-limit must be >= 1, got {self.node_limit}")
+        if self.pool_node_limit < 0:
+            raise InputError(f"pool_node_limit must be >= 0, got {self.pool_node_limit}")
         if self.balance_candidates not in ("all", "pool"):
             raise InputError(f"balance_candidates must be 'all' or 'pool', got {self.balance_candidates!r}")
 

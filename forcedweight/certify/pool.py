@@ -5,6 +5,13 @@ single-key error (``candidate_pool``). When it has more than ``max_subsets`` sub
 ``pool_mass`` / ``pool_error`` are lowered one at a time (the larger first; ``pool_mass`` on a
 tie) until ``C(pool, s) <= max_subsets`` or both are 0 (``pool_for``). ``ES_pool`` is the exact
 minimum of E over the s-subsets of that pool (``enumerate.enumerate_best``; ``pool_best``).
+
+``pool_optimum`` (what certify and group voting use) first tries the pool as configured: where
+``C(pool, s) > max_subsets`` (s = 32: pools of 40-52 keys) the pool optimum comes from the
+branch and bound restricted to the pool keys (``solve_bnb`` on ``p`` and the contributions
+``a_i = p_i (v_i - mu)`` of the pool rows, ``mu`` of the FULL row), with a node limit
+(deterministic). Only when that search is not proved within ``node_limit`` nodes is the pool
+shrunk and enumerated as above.
 """
 
 from __future__ import annotations
@@ -14,10 +21,13 @@ import math
 import numpy as np
 
 from forcedweight.certify.enumerate import enumerate_best
+from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.core import operator as op
 
 #: default cap on C(pool, s) (``--max-subsets``)
 MAX_SUBSETS = 4_000_000
+#: default node limit of the pool-restricted branch and bound (``CertifyOptions.pool_node_limit``)
+POOL_NODE_LIMIT = 200_000
 
 
 def candidate_pool(p, V, s: int, pool_mass: int = 12, pool_error: int = 8) -> np.ndarray:
@@ -74,16 +84,69 @@ def best_in_pool(p, V, pool, s: int) -> tuple[float, np.ndarray]:
     return float(value), op.as_index(best, np.asarray(p).shape[0])
 
 
+def bnb_in_pool(p, V, pool, s: int, node_limit: int, A=None, incumbent=None):
+    """The branch and bound restricted to ``pool``: ``(proved, value, best_set)``.
+
+    The sub-row is ``p[pool]`` with the contributions ``A[pool]`` of the FULL row (its ``mu``), so
+    ``E`` of every subset of the pool is the row's own. ``best_set`` is (s,) sorted int64 row
+    indices and ``value = operator.forced_error(p, V, best_set)``; ``proved`` means no s-subset of
+    the pool is below ``value (1 - 1e-9)`` (bnb's ``rel_tol``). ``incumbent``: optional (s,) row
+    indices inside the pool (the warm start; default the pool's top-mass set).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    pool = np.asarray(pool, dtype=np.int64)
+    if A is None:
+        A = op.centred_contributions(p, np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1))
+    start = None if incumbent is None else np.searchsorted(pool, np.asarray(incumbent, dtype=np.int64))
+    res = solve_bnb(p[pool], None, s, incumbent=start, time_limit=math.inf, node_limit=node_limit, A=A[pool])
+    best = np.sort(pool[res.best_set])
+    return bool(res.proved), op.forced_error(p, V, best, A=A), best
+
+
+def pool_optimum(p, V, s: int, pool_mass: int = 12, pool_error: int = 8, max_subsets: int = MAX_SUBSETS,
+                 node_limit: int = POOL_NODE_LIMIT) -> tuple[np.ndarray, float, np.ndarray, np.ndarray | None]:
+    """The pool and its exact optimum: ``(pool, ES_pool, best_set, unproved)`` (see the module doc).
+
+    Parameters
+    ----------
+    p : (N,) float64 weights; V : (N, d) values; s : 1 <= s <= N.
+    pool_mass, pool_error, max_subsets : the pool, as in ``CertifyOptions``.
+    node_limit : nodes of the pool-restricted bnb where ``C(pool, s) > max_subsets`` (0: shrink
+        at once, the behaviour of ``pool_for``).
+
+    Returns
+    -------
+    pool : (P,) int64 sorted (``pool_size = P``); ES_pool : float; best_set : (s,) int64 sorted.
+    unproved : the best set of the configured pool's bnb when it ran out of nodes (the pool was
+        shrunk; a candidate for ``es_best``, often far better than the shrunk pool's optimum), else None.
+    """
+    full = candidate_pool(p, V, s, pool_mass, pool_error)
+    if math.comb(full.size, s) <= max_subsets or node_limit <= 0 or full.size <= s:
+        pool = pool_for(p, V, s, pool_mass, pool_error, max_subsets)
+        value, best = best_in_pool(p, V, pool, s)
+        return pool, value, best, None
+    # the shrunk pool's optimum (cheap) is the pool bnb's warm start
+    pool = pool_for(p, V, s, pool_mass, pool_error, max_subsets)
+    value, best = best_in_pool(p, V, pool, s)
+    proved, v_full, b_full = bnb_in_pool(p, V, full, s, node_limit, incumbent=best)
+    if proved:
+        return full, float(v_full), b_full, None  # <= the warm start: a subset of the full pool
+    return pool, value, best, (b_full if v_full < value else None)
+
+
 def pool_best(p, V, s: int, pool_mass: int = 12, pool_error: int = 8,
-              max_subsets: int = MAX_SUBSETS) -> tuple[float, np.ndarray]:
+              max_subsets: int = MAX_SUBSETS, node_limit: int = POOL_NODE_LIMIT) -> tuple[float, np.ndarray]:
     """``ES_pool`` of a row at budget s and the set achieving it: ``(value, best_set)``.
 
     Parameters
     ----------
     p : (N,) float64 weights; V : (N, d) values; s : 1 <= s <= N.
-    pool_mass, pool_error, max_subsets : the pool (``pool_for``), as in ``CertifyOptions``.
+    pool_mass, pool_error, max_subsets, node_limit : the pool (``pool_optimum``), as in
+        ``CertifyOptions``.
     """
-    return best_in_pool(p, V, pool_for(p, V, s, pool_mass, pool_error, max_subsets), s)
+    _, value, best, _ = pool_optimum(p, V, s, pool_mass, pool_error, max_subsets, node_limit)
+    return value, best
 
 
-__all__ = ["MAX_SUBSETS", "best_in_pool", "candidate_pool", "pool_best", "pool_for"]
+__all__ = ["MAX_SUBSETS", "POOL_NODE_LIMIT", "best_in_pool", "bnb_in_pool", "candidate_pool", "pool_best",
+           "pool_for", "pool_optimum"]

@@ -26,7 +26,7 @@ OUTPUT_COLUMNS = (
     ("es_top", "float64"), ("es_balance", "float64"), ("swaps", "int64"),
     ("es_pool", "float64"), ("pool_size", "int64"),
     ("es_best", "float64"), ("best_set", "list<int64>"), ("best_by", "string"),
-    ("lower_bound", "float64"), ("status", "string"), ("proved", "bool"), ("solver", "string"),
+    ("lower_bound", "float64"), ("gap", "float64"), ("status", "string"), ("proved", "bool"), ("solver", "string"),
     ("solver_improved", "bool"),
     ("closable_share", "float64"), ("balancing_recovery", "float64"), ("dropped_mass", "float64"),
     ("ef_top", "float64"), ("pi_top", "float64"), ("pi_best", "float64"),
@@ -93,6 +93,13 @@ def penalties(p: np.ndarray, V: np.ndarray, top: np.ndarray, best_set: np.ndarra
             "pi_best": penalty_ratio(es_best, ef_best, scale)}
 
 
+def proof_gap(es_best: float, lower_bound: float) -> float:
+    """``(es_best - lower_bound) / es_best``: 0 when proved, 1 when nothing above 0 is; 0 when es_best = 0."""
+    if not es_best > 0:
+        return 0.0
+    return float(min(max((es_best - max(lower_bound, 0.0)) / es_best, 0.0), 1.0))
+
+
 def make_record(row_id: int, s: int, n_keys: int, *, es_top: float, es_balance: float, swaps: int,
                 es_pool: float, pool_size: int, es_best: float, best_set, best_by: str,
                 lower_bound: float, status: str, proved: bool, solver: str, solver_improved: bool,
@@ -100,14 +107,15 @@ def make_record(row_id: int, s: int, n_keys: int, *, es_top: float, es_balance: 
                 reason: str | None, extra: dict) -> dict:
     """One certified output record: the ``OUTPUT_COLUMNS`` in order, then the carried columns.
 
-    ``closable_share`` and ``balancing_recovery`` are ``core.stats``'s (the report uses the same).
+    ``closable_share`` and ``balancing_recovery`` are ``core.stats``'s (the report uses the same);
+    ``gap`` is ``proof_gap(es_best, lower_bound)``.
     """
     rec = {
         "row_id": int(row_id), "s": int(s), "n_keys": int(n_keys),
         "es_top": es_top, "es_balance": es_balance, "swaps": int(swaps),
         "es_pool": es_pool, "pool_size": int(pool_size),
         "es_best": es_best, "best_set": [int(i) for i in best_set], "best_by": best_by,
-        "lower_bound": float(lower_bound), "status": status, "proved": bool(proved), "solver": solver,
+        "lower_bound": float(lower_bound), "gap": proof_gap(es_best, lower_bound), "status": status, "proved": bool(proved), "solver": solver,
         "solver_improved": bool(solver_improved),
         "closable_share": float(closable_share(es_top, es_best)),
         "balancing_recovery": float(balancing_recovery(es_top, es_balance, es_best)),
@@ -121,4 +129,4 @@ def make_record(row_id: int, s: int, n_keys: int, *, es_top: float, es_balance: 
 
 
 __all__ = ["ARROW_TYPES", "DROPPED_COLUMNS", "OUTPUT_COLUMNS", "carried_columns", "invalid_record",
-           "make_record", "output_schema", "penalties", "penalty_ratio", "records_to_table"]
+           "make_record", "output_schema", "proof_gap", "penalties", "penalty_ratio", "records_to_table"]

@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from forcedweight.certify.options import CertifyOptions, run_solver
-from forcedweight.certify.pool import best_in_pool, pool_for
+from forcedweight.certify.pool import pool_optimum
 from forcedweight.certify.record import make_record, penalties
 from forcedweight.core import operator as op
 from forcedweight.errors import RowError
@@ -115,11 +115,12 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
     n = view.n_keys
     if known.value <= 0.0:
         return _Proof("optimal", True, "zero", 0.0)
-    if pool.size == n:  # the pool enumeration was exhaustive
+    if pool.size == n:  # the pool search (enumeration or pool bnb) was exhaustive
         return _Proof("optimal", True, "enumerate", known.value)
     if options.solver == "none":
         return _Proof("unsolved", False, "none", 0.0)
-    res, reason = run_solver(options.solver, view.p, view.V, s, known.best_set, options.time_limit)
+    res, reason = run_solver(options.solver, view.p, view.V, s, known.best_set, options.time_limit,
+                             options.node_limit)
     sol_set = op.as_index(res.best_set, n)
     if sol_set.size != s:
         raise RuntimeError(f"row {view.row_id}: solver {res.solver} returned {sol_set.size} keys, not s={s}")
@@ -171,9 +172,11 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     def err(S) -> float:
         return op.forced_error(p, V, S, A=A)
 
-    pool = pool_for(p, V, s, options.pool_mass, options.pool_error, options.max_subsets)
+    pool, _, pool_set, pool_bnb = pool_optimum(p, V, s, options.pool_mass, options.pool_error,
+                                               options.max_subsets, options.pool_node_limit)
     top, bal, swaps, sets, selector_errors = _heuristics(view, s, options, pool, err)
-    _, pool_set = best_in_pool(p, V, pool, s)
+    if pool_bnb is not None:  # the configured pool's unproved bnb set: a candidate, not ES_pool
+        sets["pool-bnb"] = pool_bnb
     es_pool = err(pool_set)
     known = _best_known(pool_set, sets, err)
     proof = _prove(view, s, options, pool, known, err)

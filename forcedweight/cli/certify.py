@@ -17,6 +17,7 @@ def certify(
     pool_error: int = typer.Option(8, "--pool-error", help="Keys of largest single-key error in the pool."),
     solver: str = typer.Option("auto", "--solver", help="auto (mitm on integral 1-D rows, else bnb), bnb, scip, cpsat or none."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="Solver seconds per (row, s)."),
+    node_limit: Optional[int] = typer.Option(None, "--node-limit", help="Cap on bnb search nodes per (row, s): statuses and bounds reproducible on any machine (with a --time-limit not reached first)."),
     workers: int = typer.Option(1, "--workers", help="Local worker processes."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Record bad rows as status=invalid instead of stopping."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (runs the shards there)."),
@@ -30,7 +31,7 @@ def certify(
     from forcedweight.certify import CertifyOptions, certify_file
 
     options = CertifyOptions(pool_mass=pool_mass, pool_error=pool_error, solver=solver,
-                             time_limit=time_limit, seed=seed, max_subsets=max_subsets)
+                             time_limit=time_limit, seed=seed, max_subsets=max_subsets, node_limit=node_limit)
     path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
                         skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows,
                         allow_incomplete=allow_incomplete)

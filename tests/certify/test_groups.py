@@ -148,7 +148,7 @@ def test_cli_groups(dump_g4, tmp_path, monkeypatch, capsys):
     assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
 
 
-def test_groups_on_long_rows_shrinks_the_pool_as_certify_does(tmp_path, monkeypatch):
+def test_groups_on_long_rows_use_the_pool_certify_uses(tmp_path, monkeypatch):
     # regression: at N = 200, s = 32 the unshrunk pool (52 keys, 1.26e14 subsets) made
     # `forcedweight groups` end in a ValueError; now it uses certify's pool, shrunk to fit
     from forcedweight.cli import main
@@ -178,7 +178,12 @@ def test_groups_on_long_rows_shrinks_the_pool_as_certify_does(tmp_path, monkeypa
     for r in got.iter_rows(named=True):
         row = next(rr for rr in rows.iter_rows(src) if rr.extra["head"] == r["head"])
         rec = certify_row(row, s, opts)
-        assert rec["pool_size"] < full.size and comb(rec["pool_size"], s) <= opts.max_subsets
-        # the same pool and the same exact enumeration: equal to the last bit
+        # C(pool, s) > max_subsets: the pool stays as configured, solved by the pool-restricted bnb
+        assert rec["pool_size"] == full.size and comb(rec["pool_size"], s) > opts.max_subsets
+        # the same pool and the same exact search: equal to the last bit
         assert r["es_pool"] == rec["es_pool"]
+        # without the pool bnb the pool shrinks (the old rule): never a better pool optimum
+        shrunk = certify_row(row, s, CertifyOptions(solver="none", pool_node_limit=0))
+        assert shrunk["pool_size"] < full.size and comb(shrunk["pool_size"], s) <= opts.max_subsets
+        assert rec["es_pool"] <= shrunk["es_pool"] * (1 + 1e-9)
         assert r["es_pool"] <= r["es_top"] * (1 + 1e-12) and r["cost_pool"] >= 1 - 1e-12

@@ -50,6 +50,7 @@ NREF = 8  # supergradient steps on the direction u per node (projection test)
 THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
 DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
 POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
+BOUND_ITERS = 30  # bisection steps of an open node's bound (relative precision 2**-30)
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
 
@@ -284,45 +285,115 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 
 
 @njit(cache=True)
-def _open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma):
-    """Proved lower bound on E over the unexplored nodes (min with the incumbent)."""
+def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g, buf,
+                bidx, yv, gv, h, iters):
+    """A proved lower bound on E over node (level t, next key k), capped at ``top``.
+
+    ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
+    on a bisection of ``[0, top]`` (``iters`` halvings) is returned (``top`` itself when proved
+    there, 0 when nothing is).
+    """
+    if not _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g,
+                       buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+        return top
+    lo_l = 0.0
+    hi_l = top
+    for _ in range(iters):
+        mid = 0.5 * (lo_l + hi_l)
+        if _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, g,
+                       buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+            hi_l = mid
+        else:
+            lo_l = mid
+    return lo_l
+
+
+@njit(cache=True)
+def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters):
+    """min over the first-level nodes ``T = {k}`` (k >= k_from, the rest from keys > k) of their
+    proved bounds, capped at ``top``: a bound over every set whose first key is >= k_from.
+
+    Visited from the last k down (light keys first: their bounds are usually the smallest, so
+    few nodes need a bisection below the running minimum).
+    """
     N, d = A.shape
-    lb = best
-    buf = np.empty(s)
+    ys1 = np.zeros((2, d))
+    ws1 = np.zeros(2)
+    bs1 = np.zeros(2)
+    cs1 = np.zeros((2, N))
     g = np.empty(N)
-    for t in range(t_cur + 1):
-        k = idx[t] + (1 if t < t_cur else 0)
-        r = s - t
-        if N - k < r:
-            continue
-        wmax = ws[t] + (cum[min(N, k + r)] - cum[k])
-        if wmax <= 0.0:
-            continue
-        nb = 0.0
-        if use_box:
-            dist2 = 0.0
-            for q in range(d):
-                a = ys[t, q] + lo[k, r, q]
-                b = ys[t, q] + hi[k, r, q]
-                if a > 0.0:
-                    dist2 += a * a
-                elif b < 0.0:
-                    dist2 += b * b
-            nb = np.sqrt(dist2)
-        ny2 = 0.0
+    buf = np.empty(s)
+    bidx = np.zeros(s, np.int64)
+    yv = np.empty(d)
+    gv = np.empty(d)
+    h = np.zeros(N)
+    cur = top
+    for k in range(min(N - s, N - 1), k_from - 1, -1):
         for q in range(d):
-            ny2 += ys[t, q] * ys[t, q]
-        ny = np.sqrt(ny2)
-        if ny > 0.0:
-            for kk in range(k, N):
-                g[kk] = (cs[t, kk] - gamma * bs[t] * nrm[kk]) / ny
-            nb = max(nb, ny + _r_smallest_sum(g, k, r, buf, np.zeros(s, np.int64)))
-        lb = min(lb, nb / wmax)
-    return lb
+            ys1[1, q] = A[k, q]
+        ws1[1] = pw[k]
+        bs1[1] = nrm[k]
+        for kk in range(k + 1, N):
+            cs1[1, kk] = G[k, kk]
+        if s == 1:
+            w = pw[k]
+            if w > 0.0:
+                acc = 0.0
+                for q in range(d):
+                    acc += A[k, q] * A[k, q]
+                cur = min(cur, np.sqrt(acc) / w * (1.0 - 4.0 * (d + 2) * _EPS))
+            continue
+        v = _node_value(1, k + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
+                        gamma, g, buf, bidx, yv, gv, h, iters)
+        cur = min(cur, v)
+    return max(cur, 0.0)
+
+
+@njit(cache=True)
+def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma,
+                iters):
+    """Proved lower bound on E over the unexplored part of a stopped search (<= best).
+
+    The open frontier of the depth-first search is the current node (t_cur, idx[t_cur]) and, for
+    each level t < t_cur, the exclusion branch (t, idx[t] + 1). Level 0 (T empty: no projection
+    bound) is covered by its first-level children ``T = {k}``; every deeper open node lies inside
+    the first-level node ``{idx[0]}``, so its bound is the larger of its own and that node's.
+    """
+    N, d = A.shape
+    if t_cur == 0:
+        return _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0], best, gamma, iters)
+    rest = _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0] + 1, best, gamma, iters)
+    g = np.empty(N)
+    buf = np.empty(s)
+    bidx = np.zeros(s, np.int64)
+    yv = np.empty(d)
+    gv = np.empty(d)
+    h = np.zeros(N)
+    path = best
+    for t in range(1, t_cur + 1):
+        k = idx[t] + (1 if t < t_cur else 0)
+        path = min(path, _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
+                                     path, gamma, g, buf, bidx, yv, gv, h, iters))
+    # the first-level node {idx[0]} holds every deeper open node
+    ys1 = np.zeros((2, d))
+    ws1 = np.zeros(2)
+    bs1 = np.zeros(2)
+    cs1 = np.zeros((2, N))
+    k0 = idx[0]
+    for q in range(d):
+        ys1[1, q] = A[k0, q]
+    ws1[1] = pw[k0]
+    bs1[1] = nrm[k0]
+    for kk in range(k0 + 1, N):
+        cs1[1, kk] = G[k0, kk]
+    first = _node_value(1, k0 + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
+                        gamma, g, buf, bidx, yv, gv, h, iters)
+    return max(min(rest, max(path, first)), 0.0)
 
 
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
-              rel_tol: float = REL_TOL, polish: bool = True) -> SolverResult:
+              rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
+              A=None) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -332,25 +403,99 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     time_limit : seconds (checked between batches of nodes).
     rel_tol : a node is pruned when its bound is >= best * (1 - rel_tol).
     polish : first improve the incumbent by best-improvement 1-swaps over all keys.
+    node_limit : optional cap on the search nodes (deterministic: the same stop, statuses and
+        bounds on any machine, when ``time_limit`` is not reached first).
+    A : optional (N, d) centred contributions ``a_i = p_i (v_i - mu)`` to use instead of
+        ``operator.centred_contributions(p, V)``: with the rows of a key subset (a pool) and the
+        ``mu`` of the FULL row, the search is the exact optimum over that subset
+        (``E(S) = ||sum_S a_i|| / p(S)``; ``V`` is then unused and ``value`` is computed from A).
 
     Returns
     -------
     SolverResult(solver="bnb"): ``proved`` when the search completed; otherwise
-    ``lower_bound`` is the minimum bound over the open nodes (<= value).
+    ``lower_bound`` is a proved bound over the open frontier (``_open_bound``; <= value), > 0
+    wherever the first-level bound (``root_bound``) is.
     """
     t0 = time.perf_counter()
-    p, V = op.as_row(p, V, s)
+    if node_limit is not None and node_limit < 1:
+        raise ValueError(f"node_limit must be >= 1, got {node_limit}")
+    p = np.asarray(p, dtype=np.float64)
+    external = A is not None
+    if not external:
+        p, V = op.as_row(p, V, s)
+        A_keys = op.centred_contributions(p, V)
+    else:
+        A_keys = np.ascontiguousarray(np.asarray(A, dtype=np.float64).reshape(p.shape[0], -1))
+        if not 1 <= s <= p.shape[0]:
+            raise ValueError(f"s = {s} outside [1, {p.shape[0]}]")
     N = p.shape[0]
+
+    def value_of(S):
+        w = p[S].sum()
+        return float(np.linalg.norm(A_keys[S].sum(axis=0)) / w) if w > 0 else np.inf
+
     start = op.top_mass_set(p, s) if incumbent is None else op.as_index(incumbent, N)
     if start.size != s:
         raise ValueError(f"incumbent has {start.size} keys, expected s = {s}")
     if s == N:
         S = np.arange(N, dtype=np.int64)
-        return SolverResult(0.0, S, 0.0, True, "bnb", time.perf_counter() - t0, 0.0, {"nodes": 0})
+        v = value_of(S) if external else 0.0
+        return SolverResult(v, S, v, True, "bnb", time.perf_counter() - t0, 0.0, {"nodes": 0})
     order = op.rank_order(p)  # keys by mass, ties to the lower index
     rank = np.empty(N, dtype=np.int64)
     rank[order] = np.arange(N)
-    A_keys = op.centred_contributions(p, V)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, cum = _prepared(A_keys, p, order, s)
+    inc = np.sort(rank[start])
+    e_start = np.linalg.norm(A[inc].sum(axis=0)) / pw[inc].sum() if pw[inc].sum() > 0 else np.inf
+    # (the 1-swap search values sets by complements, exact only for a whole row's contributions)
+    if polish and s < N and not external:
+        polished, _ = swap_search(p, V, start, max_swaps=POLISH_ROUNDS, A=A_keys)
+        inc = np.sort(rank[polished])
+    y = A[inc].sum(axis=0)
+    w = pw[inc].sum()
+    e_inc = np.linalg.norm(y) / w if w > 0 else np.inf
+    best = np.array([e_inc])
+    bestset = inc.copy()  # the search overwrites it whenever it beats best
+    idx = np.zeros(s + 1, dtype=np.int64)
+    state = np.zeros(5 + s, dtype=np.int64)  # t, done, nodes, leaf evals, nodes per level
+    d = A.shape[1]
+    ys = np.zeros((s + 1, d))
+    ws = np.zeros(s + 1)
+    bs = np.zeros(s + 1)
+    cs = np.zeros((s + 1, N))
+    budget = 256
+    deadline = t0 + time_limit
+    while True:
+        if node_limit is not None:
+            budget = min(budget, node_limit - int(state[2]))
+        tb = time.perf_counter()
+        _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
+                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA, DECAY)
+        now = time.perf_counter()
+        if state[1] or now >= deadline or (node_limit is not None and state[2] >= node_limit):
+            break
+        # aim at ~10 ms per batch (the batches only pause the search: the nodes visited, and so
+        # a node-limited result, do not depend on them)
+        budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
+    S = np.sort(order[bestset])
+    value = value_of(S) if external else op.forced_error(p, V, S)
+    proved = bool(state[1])
+    if proved:
+        lb = value
+    else:
+        lb = float(_open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
+                               bs, cs, best[0], gamma, BOUND_ITERS))
+        lb = min(max(lb, 0.0), value)
+    info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
+            "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
+            "stopped_by": None if proved else ("nodes" if node_limit is not None and state[2] >= node_limit else "time")}
+    return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
+                        rel_tol * value, info)
+
+
+def _prepared(A_keys, p, order, s):
+    """The search's arrays: contributions by mass in principal axes, masses, norms, Gram, box."""
+    N = p.shape[0]
     A0 = A_keys[order]
     # principal axes: a fixed rotation (norms unchanged) that tightens the box bound
     _, Q = np.linalg.eigh(A0.T @ A0)
@@ -361,14 +506,6 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     G = A @ A.T
     kappa = 2.0 * (d + 2 * s + 4) * _EPS  # rounding margin of Gram-based squared norms
     gamma = 2.0 * (d + s + 4) * _EPS  # rounding margin of Gram-based inner products
-    inc = np.sort(rank[start])
-    e_start = np.linalg.norm(A[inc].sum(axis=0)) / pw[inc].sum() if pw[inc].sum() > 0 else np.inf
-    if polish and s < N:
-        polished, _ = swap_search(p, V, start, max_swaps=POLISH_ROUNDS, A=A_keys)
-        inc = np.sort(rank[polished])
-    y = A[inc].sum(axis=0)
-    w = pw[inc].sum()
-    e_inc = np.linalg.norm(y) / w if w > 0 else np.inf
     cum = np.concatenate([[0.0], np.cumsum(pw)])
     use_box = (N + 1) * (s + 1) * d <= _BOX_MAX
     shape = (N + 1, s + 1, d) if use_box else (1, 1, 1)
@@ -378,35 +515,21 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         _box_tables(A, s, lo, hi)
         lo[N] = 0.0
         hi[N] = 0.0
-    best = np.array([e_inc])
-    bestset = inc.copy()  # the search overwrites it whenever it beats best
-    idx = np.zeros(s + 1, dtype=np.int64)
-    state = np.zeros(5 + s, dtype=np.int64)  # t, done, nodes, leaf evals, nodes per level
-    ys = np.zeros((s + 1, d))
-    ws = np.zeros(s + 1)
-    bs = np.zeros(s + 1)
-    cs = np.zeros((s + 1, N))
-    budget = 256
-    deadline = t0 + time_limit
-    while True:
-        tb = time.perf_counter()
-        _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA, DECAY)
-        now = time.perf_counter()
-        if state[1] or now >= deadline:
-            break
-        # aim at ~10 ms per batch
-        budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
-    S = np.sort(order[bestset])
-    value = op.forced_error(p, V, S)
-    proved = bool(state[1])
-    if proved:
-        lb = value
-    else:
-        lb = float(_open_bound(A, pw, cum, nrm, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
-                               bs, cs, best[0], gamma))
-        lb = min(max(lb, 0.0), value)
-    info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
-            "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist()}
-    return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
-                        rel_tol * value, info)
+    return A, pw, nrm, G, lo, hi, use_box, kappa, gamma, cum
+
+
+def root_bound(p, V, s: int, A=None) -> float:
+    """The proved bound of the search before any node: min over the first-level nodes ``{k}``.
+
+    ``solve_bnb``'s ``lower_bound`` on a stopped search is never below it. Arrays as in
+    ``solve_bnb``; returns a float in ``[0, E(top-mass polished)]`` (capped by the top-mass set).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    A_keys = op.centred_contributions(*op.as_row(p, V, s)) if A is None else np.asarray(A, dtype=np.float64)
+    order = op.rank_order(p)
+    A_, pw, nrm, G, lo, hi, use_box, _, gamma, cum = _prepared(A_keys, p, order, s)
+    top = op.top_mass_set(p, s)
+    e_top = float(np.linalg.norm(A_keys[top].sum(axis=0)) / p[top].sum()) if p[top].sum() > 0 else np.inf
+    if s == p.shape[0]:
+        return e_top
+    return float(_first_level_min(A_, pw, cum, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS))

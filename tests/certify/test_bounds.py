@@ -1,0 +1,132 @@
+"""Proved lower bounds of stopped searches, the pool-restricted branch and bound, node limits, warm-up."""
+
+import math
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forcedweight import rows
+from forcedweight.certify import CertifyOptions, certify_file
+from forcedweight.certify.enumerate import brute_force_best, enumerate_best
+from forcedweight.certify.pool import bnb_in_pool, candidate_pool, pool_optimum
+from forcedweight.certify.record import proof_gap
+from forcedweight.certify.solvers.bnb import root_bound, solve_bnb
+from forcedweight.certify.warmup import warm_up
+from forcedweight.core import operator as op
+
+
+def _pv(seed, n, d, peak):
+    rng = np.random.default_rng(seed)
+    p = np.exp(peak * rng.normal(size=n))
+    p /= p.sum()
+    return p, rng.normal(size=(n, d))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(5, 13), d=st.integers(1, 4),
+       peak=st.sampled_from([0.3, 1.0, 2.5]), nodes=st.integers(1, 40), data=st.data())
+def test_every_lower_bound_is_below_the_brute_force_optimum(seed, n, d, peak, nodes, data):
+    p, V = _pv(seed, n, d, peak)
+    s = data.draw(st.integers(1, n - 1))
+    opt, _ = brute_force_best(p, V, s)
+    res = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0)
+    rb = root_bound(p, V, s)
+    # bounds are proofs: never above the optimum (brute force, float64 relative 1e-12)
+    assert 0.0 <= res.lower_bound <= opt * (1 + 1e-12) + 1e-300
+    assert 0.0 <= rb <= opt * (1 + 1e-12) + 1e-300
+    assert res.value >= opt * (1 - 1e-12)
+    if res.proved:
+        assert res.value == pytest.approx(opt, rel=1e-9)
+
+
+def test_open_rows_keep_a_positive_bound_where_the_root_bound_is():
+    """Stopped after a few nodes, the bound over the open frontier stays > 0 where the first-level
+    bound is > 0, and is at most the brute-force optimum."""
+    positive = 0
+    for seed in range(40):
+        p, V = _pv(seed, 16, 3, 1.5)
+        s = 3 + seed % 4
+        rb = root_bound(p, V, s)
+        opt, _ = brute_force_best(p, V, s)
+        for nodes in (1, 7, 25):
+            res = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0)
+            assert res.lower_bound <= opt * (1 + 1e-12)
+            if rb > 0:
+                assert res.lower_bound > 0.0
+        positive += rb > 0
+    assert positive >= 10  # the property was exercised (rows with a positive root bound)
+
+
+def test_node_limit_stops_deterministically():
+    p, V = _pv(5, 200, 4, 1.0)
+    a = solve_bnb(p, V, 8, node_limit=300, time_limit=60.0)
+    b = solve_bnb(p, V, 8, node_limit=300, time_limit=60.0)
+    assert not a.proved and a.info["nodes"] == 300 and a.info["stopped_by"] == "nodes"
+    assert (a.value, a.lower_bound, a.best_set.tolist()) == (b.value, b.lower_bound, b.best_set.tolist())
+    with pytest.raises(ValueError, match="node_limit"):
+        solve_bnb(p, V, 8, node_limit=0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pool_restricted_bnb_equals_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(30, 90))
+    p, V = _pv(seed, n, int(rng.integers(1, 6)), float(rng.choice([0.5, 1.5, 3.0])))
+    s = int(rng.integers(2, 8))
+    pool = candidate_pool(p, V, s, pool_mass=int(rng.integers(2, 10)), pool_error=int(rng.integers(0, 8)))
+    e_enum, _ = enumerate_best(p, V, pool, s)
+    proved, e_bnb, best = bnb_in_pool(p, V, pool, s, node_limit=10**7)
+    assert proved and np.isin(best, pool).all() and best.size == s
+    # the value is the full row's E of a pool subset (mu of the full row): recomputed by the operator
+    assert e_bnb == op.forced_error(p, V, best)
+    # equal optima (bnb proves within rel_tol 1e-9)
+    assert e_bnb == pytest.approx(e_enum, rel=1e-9, abs=1e-300)
+
+
+def test_pool_optimum_keeps_the_configured_pool_at_s32():
+    p, V = _pv(4, 160, 4, 2.0)
+    s = 32
+    full = candidate_pool(p, V, s)
+    assert math.comb(full.size, s) > 4_000_000
+    pool, value, best, extra = pool_optimum(p, V, s, node_limit=2_000_000)
+    assert pool.size == full.size and extra is None and value == op.forced_error(p, V, best)
+    shrunk, v_shrunk, _, _ = pool_optimum(p, V, s, node_limit=0)
+    assert shrunk.size < full.size and value <= v_shrunk * (1 + 1e-9)
+    # out of nodes: the shrunk pool's exact optimum, and the bnb's better set as a candidate
+    pool2, v2, _, cand = pool_optimum(p, V, s, node_limit=1000)
+    assert pool2.size == shrunk.size and v2 == v_shrunk
+    assert cand is None or op.forced_error(p, V, cand) < v_shrunk
+
+
+def test_proof_gap():
+    assert proof_gap(2.0, 2.0) == 0.0 and proof_gap(2.0, 0.0) == 1.0 and proof_gap(2.0, 0.5) == 0.75
+    assert proof_gap(0.0, 0.0) == 0.0
+
+
+def test_two_node_limited_runs_give_identical_outputs(tmp_path):
+    recs = []
+    for i in range(4):
+        p, V = _pv(100 + i, 120, 3, 1.0)
+        recs.append(dict(weights=p, values=V.ravel(), value_dim=3))
+    src = tmp_path / "r.parquet"
+    pq.write_table(rows.make_row_table(recs), src)
+    opts = CertifyOptions(pool_mass=2, pool_error=1, solver="bnb", node_limit=200, time_limit=600.0)
+    outs = []
+    for k in range(2):
+        out = certify_file(src, tmp_path / f"o{k}.parquet", [6], opts, progress=False, chunk_rows=2 + k)
+        outs.append(pl.read_parquet(out).drop("seconds"))
+    assert outs[0].equals(outs[1])
+    st_ = outs[0]["status"].to_list()
+    assert "unsolved" in st_ or "improved" in st_  # the node limit did stop searches
+    open_ = outs[0].filter(pl.col("proved").not_())
+    assert ((open_["gap"] - (open_["es_best"] - open_["lower_bound"]) / open_["es_best"]).abs() < 1e-12).all()
+
+
+def test_warm_up_runs_once_per_process():
+    warm_up()
+    assert warm_up() is False
+    assert warm_up(force=True) is True
