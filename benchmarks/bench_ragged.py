@@ -1,6 +1,14 @@
 """Benchmark of the ragged decode path and the ragged cache's memory.
 
-CPU (always): correctness of the PyTorch path against the float64 reference; physical bytes of one
+Model decode (CPU, the embedded SmolLM2-135M, float32, default 1 thread): ms/token of greedy decode
+through transformers' ``DynamicCache`` (SDPA attention) and through ``RaggedKVCache`` at full budget
+and evicted to 50% / 25% / 10% of the entries (the same budget in every (layer, KV head): the last
+eighth of the budget by recency plus a seeded random draw), at each context length, all in one run:
+one prefill per context (not timed), then for every repeat each variant in turn from a fresh copy of
+that prefill (warm-up steps discarded, then ``--steps`` timed steps). Reported: best and median
+ms/token over repeats, ratio to dense, physical / slack bytes, relayouts during the timed steps.
+
+Kernel level, CPU (always): correctness of the PyTorch path against the float64 reference; physical bytes of one
 selection stored full / masked / ragged (SmolLM2-135M shapes: 30 layers × 3 KV heads × head dim 64);
 time of the PyTorch path against torch SDPA over a dense cache of the same kept length (ratio).
 
@@ -8,14 +16,18 @@ CUDA (when available): the Triton kernel's achieved bandwidth (bytes of K, V, bi
 per call / time) against the device's HBM peak, and its time against SDPA over a dense cache of the
 same kept length.
 
-    .venv/bin/python benchmarks/bench_ragged.py [--tokens 4096] [--ratio 0.25] [--batch 1] [--threads 1]
-        [--json out.json]
+    .venv/bin/python benchmarks/bench_ragged.py [--contexts 1024,4096] [--fractions 0.5,0.25,0.1]
+        [--steps 16] [--repeats 2] [--warmup 2] [--no-model] [--tokens 4096] [--ratio 0.25] [--batch 1]
+        [--threads 1] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
+import statistics
 import time
 
 import torch
@@ -24,6 +36,8 @@ import torch.nn.functional as F
 from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
 from forcedweight.kernels import ragged_decode
 from forcedweight.kernels.reference import ragged_decode_reference
+from forcedweight.models import load_model
+from forcedweight.deploy.attention import use_ragged_attention
 
 # HBM peak bandwidth in GB/s by device-name substring (vendor datasheets); --peak-gbps overrides
 HBM_PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
@@ -135,6 +149,111 @@ def speed(device, batch, kept, dtype, peak_gbps=None):
     return rows
 
 
+def uniform_keep(n, budget, segments, seed):
+    """Per segment: the last ``budget // 8`` positions plus a seeded random draw of the rest (sorted)."""
+    g = torch.Generator().manual_seed(seed)
+    recent = budget // 8
+    out = []
+    for _ in range(segments):
+        rest = torch.randperm(n - recent, generator=g)[:budget - recent]
+        out.append(torch.sort(torch.cat([rest, torch.arange(n - recent, n)])).values)
+    return out
+
+
+def _decode(model, cache, token, steps):
+    """Greedy decode ``steps`` tokens from ``token`` [B, 1]; returns (seconds, last token)."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_ids=token, cache=cache, use_cache=True).logits
+            token = logits[:, -1:].argmax(-1)
+    return time.perf_counter() - t0, token
+
+
+def model_decode(contexts, fractions, steps, repeats, warmup, seed=0):
+    """ms/token of dense vs ragged decode on the embedded SmolLM2 (see the module docstring)."""
+    from transformers import DynamicCache
+
+    loaded = load_model()
+    model = loaded.model.eval()
+    vocab = model.config.vocab_size
+    rows = []
+    for N in contexts:
+        g = torch.Generator().manual_seed(seed + N)
+        ids = torch.randint(0, vocab, (1, N), generator=g)
+        model.set_attn_implementation("sdpa")
+        prefill = DynamicCache(config=model.config)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            first = model(input_ids=ids, cache=prefill, use_cache=True).logits[:, -1:].argmax(-1)
+        prefill_s = time.perf_counter() - t0
+        B, Hkv = prefill.layers[0].keys.shape[:2]
+
+        def dense_cache():
+            return copy.deepcopy(prefill)
+
+        def ragged_cache(frac):
+            cache = RaggedKVCache.from_dense(prefill)
+            if frac < 1:
+                budget = max(1, round(frac * N))
+                for i in range(len(cache.layers)):
+                    cache.evict(i, uniform_keep(N, budget, B * Hkv, seed + 1 + i))
+            return cache
+
+        variants = [("dense DynamicCache", None)] + [(f"ragged {round(100 * f)}%", f) for f in [1.0] + fractions]
+        times = {name: [] for name, _ in variants}
+        info = {}
+        for rep in range(repeats + 1):  # repeat 0 is the warm-up pass
+            for name, frac in variants:
+                cache = dense_cache() if frac is None else ragged_cache(frac)
+                if frac is None:
+                    model.set_attn_implementation("sdpa")
+                else:
+                    use_ragged_attention(model)
+                _, tok = _decode(model, cache, first, warmup)  # warm-up steps, discarded
+                relayouts0 = cache.relayouts() if frac is not None else 0
+                seconds, _ = _decode(model, cache, tok, steps if rep else 1)
+                if rep:
+                    times[name].append(1e3 * seconds / steps)
+                if frac is None:
+                    held = physical_bytes([t for layer in cache.layers for t in (layer.keys, layer.values)])
+                    info[name] = {"entries": cache.layers[0].keys.shape[2] * Hkv * B * len(cache.layers),
+                                  "physical_bytes": held, "slack_bytes": 0, "relayouts": 0}
+                else:
+                    info[name] = {"entries": cache.entries(), "physical_bytes": cache.physical_bytes(),
+                                  "slack_bytes": cache.slack_bytes(), "relayouts": cache.relayouts() - relayouts0}
+                del cache
+        dense_best = min(times["dense DynamicCache"])
+        for name, frac in variants:
+            ts = times[name]
+            row = {"context": N, "variant": name, "kept_fraction": 1.0 if frac is None else frac,
+                   "ms_per_token_best": min(ts), "ms_per_token_median": statistics.median(ts),
+                   "ms_per_token_all": ts, "ratio_to_dense_best": min(ts) / dense_best,
+                   "ratio_to_dense_paired": statistics.median(
+                       [a / b for a, b in zip(ts, times["dense DynamicCache"])]),
+                   "prefill_seconds": prefill_s, **info[name]}
+            row["slack_share"] = row["slack_bytes"] / row["physical_bytes"]
+            rows.append(row)
+            print(f"N={N:5d} {name:20s} best {row['ms_per_token_best']:7.2f} ms/token  "
+                  f"median {row['ms_per_token_median']:7.2f}  x dense {row['ratio_to_dense_best']:.3f} "
+                  f"(paired {row['ratio_to_dense_paired']:.3f})  slack {100 * row['slack_share']:.2f}%  "
+                  f"relayouts {row['relayouts']}", flush=True)
+    model.set_attn_implementation("sdpa")
+    return rows
+
+
+def markdown_table(rows) -> str:
+    lines = ["| context | cache | entries held | ms/token (best) | ms/token (median) | × dense (best) | "
+             "× dense (paired median) | physical MB | slack % of held | relayouts |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['context']} | {r['variant']} | {r['entries']:,} | {r['ms_per_token_best']:.2f} | "
+                     f"{r['ms_per_token_median']:.2f} | {r['ratio_to_dense_best']:.3f} | "
+                     f"{r['ratio_to_dense_paired']:.3f} | {r['physical_bytes'] / 2**20:.1f} | "
+                     f"{100 * r['slack_share']:.2f} | {r['relayouts']} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096, help="context length N for the memory audit")
@@ -145,12 +264,25 @@ def main():
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (1: stable timings on a shared machine)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--contexts", default="1024,4096", help="model decode: prompt lengths")
+    ap.add_argument("--fractions", default="0.5,0.25,0.1", help="model decode: kept fractions besides 100%%")
+    ap.add_argument("--steps", type=int, default=16, help="model decode: timed decode steps per variant")
+    ap.add_argument("--repeats", type=int, default=2, help="model decode: timed passes over the variants")
+    ap.add_argument("--warmup", type=int, default=2, help="model decode: untimed steps before each timing")
+    ap.add_argument("--no-model", action="store_true", help="skip the model decode benchmark")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     kept = args.kept or max(1, round(args.ratio * args.tokens))
-    results = {"correctness_cpu": correctness(torch.device("cpu")), "memory": memory(args.tokens, args.ratio),
-               "speed": speed(torch.device("cpu"), args.batch, kept, torch.float32)}
+    results = {"threads": args.threads, "load_average_start": os.getloadavg()}
+    if not args.no_model:
+        rows = model_decode([int(x) for x in args.contexts.split(",")],
+                            [float(x) for x in args.fractions.split(",")], args.steps, args.repeats, args.warmup)
+        results["model_decode"] = rows
+        results["load_average_after_model"] = os.getloadavg()
+        print(markdown_table(rows), flush=True)
+    results.update({"correctness_cpu": correctness(torch.device("cpu")), "memory": memory(args.tokens, args.ratio),
+                    "speed": speed(torch.device("cpu"), args.batch, kept, torch.float32)})
     if torch.cuda.is_available():
         dev = torch.device("cuda")
         results["correctness_cuda"] = correctness(dev)

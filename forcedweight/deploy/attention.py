@@ -25,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.deploy.ragged_cache import RaggedKV
 from forcedweight.kernels import segment_decode
+from forcedweight.kernels.torch_decode import segment_decode_torch
 
 ATTENTION_NAME = "forcedweight_ragged"
 
@@ -49,10 +50,17 @@ def ragged_attention_forward(module, query, key, value, attention_mask, scaling=
     B, Hq, L, D = query.shape
     scale = D**-0.5 if scaling is None else scaling
     if L == 1:
+        backend = getattr(getattr(module, "config", None), "ragged_decode_backend", None)
+        if backend == "torch" or (backend is None and not query.is_cuda):  # the cache built the extents:
+            out, _ = segment_decode_torch(  # nothing to validate, straight to the PyTorch path
+                query[:, :, 0, :], view.k, view.v, view.starts, view.lengths, view.bias, scale,
+                host=(view.host_starts, view.host_lengths), return_lse=False,
+            )
+            return out.unsqueeze(1), None
         out, _ = segment_decode(
             query[:, :, 0, :], view.k, view.v, view.starts, view.lengths, view.bias, sm_scale=scale,
-            check=False, host=(view.host_starts, view.host_lengths),  # the cache built the extents
-            max_len=view.max_len, backend=getattr(getattr(module, "config", None), "ragged_decode_backend", None),
+            check=False, host=(view.host_starts, view.host_lengths), return_lse=False,  # the cache built them
+            max_len=view.max_len, backend=backend,
         )
         return out.to(query.dtype).unsqueeze(1), None
     return _prefill(query, view, scale), None

@@ -117,6 +117,8 @@ class RaggedLayer(CacheLayerMixin):
         self.starts_t = self.lengths_t = None  # device copies (what the Triton kernel reads)
         self.starts, self.lengths_h, self.caps = [], [], []
         self.stride = None  # common capacity of a uniform layout, else None
+        self.k4 = self.v4 = None  # uniform layout: the buffers as [B, Hkv, cap, D] views
+        self.room = self.max_len = 0  # min over segments of capacity - length; the longest segment
         self.batch = self.kv_heads = 0
         self.seen = 0
 
@@ -144,26 +146,27 @@ class RaggedLayer(CacheLayerMixin):
             raise ValueError(
                 f"RaggedKVCache: update with batch/heads {(B, Hkv)}, cache holds {(self.batch, self.kv_heads)}"
             )
-        S, Dv = B * Hkv, value_states.shape[-1]
-        if any(n + L > c for n, c in zip(self.lengths_h, self.caps)):
+        if L > self.room:
+            S = B * Hkv
             spare = max(self.min_spare, math.ceil(self.growth * (sum(self.lengths_h) / S + L)))
             self._relayout([n + L + spare for n in self.lengths_h])
-        new_k = key_states.reshape(S, L, D)
-        new_v = value_states.reshape(S, L, Dv)
-        if self.stride is not None:  # uniform: one strided write
-            n, w = self.lengths_h[0], self.stride
-            self.k[:S * w].view(S, w, D)[:, n:n + L].copy_(new_k)
-            self.v[:S * w].view(S, w, Dv)[:, n:n + L].copy_(new_v)
+        if self.k4 is not None:  # uniform: one strided write into the [B, Hkv, cap, D] view
+            n = self.lengths_h[0]
+            self.k4.narrow(2, n, L).copy_(key_states)
+            self.v4.narrow(2, n, L).copy_(value_states)
         else:
+            S, Dv = B * Hkv, value_states.shape[-1]
             rows = ((self.starts_t + self.lengths_t)[:, None] + torch.arange(L, device=self.device)).reshape(-1)
-            self.k.index_copy_(0, rows, new_k.reshape(S * L, D).to(self.k.dtype))
-            self.v.index_copy_(0, rows, new_v.reshape(S * L, Dv).to(self.v.dtype))
+            self.k.index_copy_(0, rows, key_states.reshape(S * L, D).to(self.k.dtype))
+            self.v.index_copy_(0, rows, value_states.reshape(S * L, Dv).to(self.v.dtype))
         # spare rows of the bias buffer are zero since allocation: appended entries have bias 0
         self.lengths_h = [n + L for n in self.lengths_h]
         self.lengths_t.add_(L)
+        self.room -= L
+        self.max_len += L
         self.seen += L
         view = RaggedKV(self.k, self.v, self.starts_t, self.lengths_t, self.starts, self.lengths_h, self.bias, L,
-                        B, Hkv, max(self.lengths_h), key_states, value_states)
+                        B, Hkv, self.max_len, key_states, value_states)
         return view, view
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -193,9 +196,18 @@ class RaggedLayer(CacheLayerMixin):
 
     # --- storage ----------------------------------------------------------------------------------
     def _sync_metadata(self):
+        """Refresh everything derived from the host lists after a layout change."""
         self.starts_t = torch.tensor(self.starts, dtype=torch.int64, device=self.device)
         self.lengths_t = torch.tensor(self.lengths_h, dtype=torch.int64, device=self.device)
         self.stride = _uniform_stride(self.starts, self.lengths_h, self.caps)
+        self.room = min(c - n for c, n in zip(self.caps, self.lengths_h))
+        self.max_len = max(self.lengths_h)
+        if self.stride is not None:
+            B, Hkv, w = self.batch, self.kv_heads, self.stride
+            self.k4 = self.k[:B * Hkv * w].view(B, Hkv, w, self.k.shape[1])
+            self.v4 = self.v[:B * Hkv * w].view(B, Hkv, w, self.v.shape[1])
+        else:
+            self.k4 = self.v4 = None
 
     def _allocate(self, caps):
         """New buffers for capacities ``caps`` (bias zero-filled); returns (k, v, bias, starts)."""

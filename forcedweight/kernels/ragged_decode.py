@@ -117,11 +117,11 @@ def _backend(q, backend):
     return backend
 
 
-def _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options):
+def _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options, return_lse=True):
     if backend == "reference":
         return segment_decode_reference(q, k, v, starts, lengths, bias, sm_scale)
     if backend == "torch":  # kernel_options (num_splits, block_n, max_len) concern the Triton launch only
-        return segment_decode_torch(q, k, v, starts, lengths, bias, sm_scale, host=host)
+        return segment_decode_torch(q, k, v, starts, lengths, bias, sm_scale, host=host, return_lse=return_lse)
     return segment_decode_triton(q, k, v, starts, lengths, bias, sm_scale, **kernel_options)
 
 
@@ -157,7 +157,7 @@ def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None
 
 
 def segment_decode(q, k, v, starts, lengths, bias=None, sm_scale=None, backend: str | None = None,
-                   check: bool = True, host=None, **kernel_options):
+                   check: bool = True, host=None, return_lse: bool = True, **kernel_options):
     """Decode attention over segment extents of a K/V buffer (the layout of
     :class:`~forcedweight.deploy.ragged_cache.RaggedKVCache`, spare rows between segments included).
 
@@ -171,6 +171,7 @@ def segment_decode(q, k, v, starts, lengths, bias=None, sm_scale=None, backend: 
     sm_scale, backend, kernel_options : as :func:`ragged_decode`.
     check : validate the extents' values (a host read; the cache, which built them, passes False).
     host : optional ``(starts, lengths)`` as Python lists, for the PyTorch path (no tensor reads).
+    return_lse : False lets the PyTorch path skip the log-sum-exp (it may then return ``lse = None``).
 
     Returns
     -------
@@ -178,4 +179,4 @@ def segment_decode(q, k, v, starts, lengths, bias=None, sm_scale=None, backend: 
     """
     validate_segments(q, k, v, starts, lengths, bias, check)
     backend = _backend(q, backend)
-    return _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options)
+    return _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options, return_lse)

@@ -4,7 +4,8 @@ Segment ``s`` is rows ``starts[s] .. starts[s] + lengths[s] - 1`` of a buffer ``
 [C, Dv] (the ragged cache's layout: rows between segments are spare capacity and never read; packed
 ``indptr`` segments are the special case ``starts = indptr[:-1]``). Strategies, all exact:
 
-- **auto**: when every segment has the same length and the starts are an arithmetic progression (an
+- **auto**: (``return_lse=False`` and no bias: torch SDPA over the same views, one fused call per
+  layout or per segment) when every segment has the same length and the starts are an arithmetic progression (an
   unevicted cache, or one evicted to a uniform budget), K/V are one strided ``[S, n, D]`` view of the
   buffer (no copy) and the G query heads of every group go through two batched matmuls; otherwise one
   zero-copy view per segment. Nothing proportional to the entries held is copied (float32 inputs);
@@ -20,12 +21,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 METHODS = ("auto", "padded", "scatter")
 
 
 def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, method="auto", chunk=1 << 16,
-                         host=None):
+                         host=None, return_lse=True):
     """Ragged decode attention over segment extents on the PyTorch path.
 
     Parameters
@@ -37,11 +39,14 @@ def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, met
     method : "auto", "padded" or "scatter" (see the module docstring);
     chunk : entries per pass of the scatter method (bounds its [chunk, G, D] temporaries);
     host : optional ``(starts, lengths)`` as Python lists (saves reading the tensors; the cache has them).
+    return_lse : False: the caller needs only ``out`` (the attention function); then, without bias, the
+        same views go through torch SDPA (one fused call instead of about ten small ops; as fast or faster
+        at every length measured) and ``lse`` is returned as None.
 
     Returns
     -------
     out : Tensor [B, Hq, Dv] in q's dtype (zeros for an empty segment)
-    lse : Tensor [B, Hq] float32 natural log (``-inf`` for an empty segment)
+    lse : Tensor [B, Hq] float32 natural log (``-inf`` for an empty segment), or None (``return_lse=False``)
     """
     B, Hq, D = q.shape
     S = starts.numel()
@@ -50,6 +55,9 @@ def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, met
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     st, ln = host if host is not None else (starts.tolist(), lengths.tolist())
+    fused = not return_lse and bias is None and method == "auto" and q.dtype == k.dtype
+    if fused:
+        return _sdpa(q.reshape(S, G, D), k, v, st, ln, scale).reshape(B, Hq, Dv), None
     qs = q.reshape(S, G, D).to(acc) * scale
     if method == "auto":
         stride = _progression(st, ln)
@@ -112,6 +120,22 @@ def _attend(qs, kk, vv, bb, acc, masked):
     out = torch.where(live, out / safe, 0)
     lse = torch.where(live, m + torch.log(safe), -math.inf).squeeze(-1)
     return out, lse
+
+
+def _sdpa(qs, k, v, st, ln, scale):
+    """Output only, by torch SDPA over strided / per-segment views: qs [S, G, D] → [S, G, Dv]."""
+    S, G, _ = qs.shape
+    stride = _progression(st, ln)
+    if stride is not None:
+        if ln[0] == 0:
+            return qs.new_zeros(S, G, v.shape[1])
+        kk, vv = _strided(k, st[0], stride, S, ln[0]), _strided(v, st[0], stride, S, ln[0])
+        return F.scaled_dot_product_attention(qs.unsqueeze(1), kk.unsqueeze(1), vv.unsqueeze(1), scale=scale)[:, 0]
+    out = qs.new_zeros(S, G, v.shape[1])
+    for s, (s0, n) in enumerate(zip(st, ln)):
+        if n:
+            out[s] = F.scaled_dot_product_attention(qs[s], k[s0:s0 + n], v[s0:s0 + n], scale=scale)
+    return out
 
 
 def _empty(S, G, Dv, acc, device):

@@ -176,6 +176,21 @@ def test_segment_decode_torch_cross_check_methods(with_bias):
     check(out, lse, q, k, v, indptr, bias, torch.float32, ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_segment_decode_output_only_fused_path(dtype, uniform):
+    # return_lse=False without bias (the attention function's decode step): torch SDPA over the same
+    # strided / per-segment views; NaN spare rows and empty segments included
+    lengths = [7] * 6 if uniform else SEG_LENGTHS[:6]
+    (q, k, v, starts, lens, _), (pk, pv, indptr, _) = make_segments(
+        lengths, 2, 3, 64, dtype=dtype, seed=31 + uniform, cap=9 if uniform else None)
+    ref_out, ref_lse = ragged_decode_reference(q, pk, pv, indptr)
+    out, lse = segment_decode(q, k, v, starts, lens, return_lse=False)
+    assert lse is None and out.dtype == dtype
+    assert (out.double() - ref_out).abs().max() <= OUT_ATOL[dtype]
+    assert torch.all(out[torch.isneginf(ref_lse)] == 0)
+
+
 def test_segment_decode_validation():
     (q, k, v, starts, lens, _), _ = make_segments([5, 4, 3, 2], 1, 2, 64, seed=3)
     with pytest.raises(InputError, match="past the buffer"):
