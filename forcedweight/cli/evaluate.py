@@ -37,7 +37,8 @@ def evaluate(
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (results.parquet, report/)."),
     max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Only the first N examples."),
     query_aware: bool = typer.Option(False, "--query-aware", help="Compress context + question (kvpress compress_questions)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random policy (and of the sampled policies' draws)."),
+    tau: str = typer.Option("1", "--tau", help="Correction temperature of the sampled-<proposal> policies (inf = uncorrected)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads (default: torch's)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write DIR/report/ at the end."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
@@ -47,6 +48,7 @@ def evaluate(
     ``forcedweight evaluate report DIR`` writes the report of a finished run (DIR/report, or --out).
     """
     from forcedweight.deploy.evaluate import evaluate as run
+    from forcedweight.deploy.policies.sampled import parse_tau
     from forcedweight.errors import InputError
 
     if action:
@@ -68,7 +70,9 @@ def evaluate(
     path = run(model, tasks, out, _split(policy), _split(allocator) or ["uniform"],
                compression_ratios=_floats(compression_ratio, "--compression-ratio") or None,
                budgets=_floats(budget, "--budget") or None, max_examples=max_examples,
-               query_aware=query_aware, seed=seed, methods=_split(method), progress=progress, report=report)
+               query_aware=query_aware, seed=seed, methods=_split(method), progress=progress, report=report,
+               policy_options={p: {"tau": parse_tau(tau)} for p in _split(policy) + [m.split("/")[0] for m in _split(method)]
+                               if p.startswith("sampled-")})
     typer.echo(str(path))
 
 

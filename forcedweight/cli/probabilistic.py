@@ -87,5 +87,42 @@ def run(
     typer.echo(str(Path(path) / "report.md"))
 
 
+@group.command("robustness")
+def robustness(
+    tasks: Path = typer.Option(..., "--tasks", help="Task file (forcedweight tasks writes one; contexts of 1,000-4,000 tokens)."),
+    out: Path = typer.Option(..., "--out", help="Output directory (runs/, tables, report.md); rerun to resume."),
+    model: str = typer.Option("smollm2", "--model", help="'smollm2' (embedded default), a HF directory or a .gguf file."),
+    proposal: Optional[List[str]] = typer.Option(None, "--proposal", help="h2o, snapkv, knorm, streaming, uniform, minh (repeat or comma-separate; default h2o,snapkv,knorm,streaming,minh)."),
+    ratios: str = RATIOS,
+    taus: str = typer.Option("1,2,3,4,5", "--taus", help="Correction temperatures τ (comma-separated; τ=inf is added unless --no-uncorrected)."),
+    seeds: str = typer.Option("0,1,2", "--seeds", help="Seeds of the draws, comma-separated."),
+    uncorrected: bool = typer.Option(True, "--uncorrected/--no-uncorrected", help="Also run τ=inf (sampled, no correction)."),
+    topk: bool = typer.Option(True, "--topk/--no-topk", help="Also run the top-k version of every proposal."),
+    scope: str = typer.Option("layer", "--scope", help="Global soft constraint: one m per 'layer' or for the whole 'model'."),
+    max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Only the first N examples."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads (default: torch's)."),
+    progress: bool = PROGRESS,
+) -> None:
+    """Sampled + corrected vs sampled vs top-k in generation over a task suite: win scores, ranks, Table 1."""
+    from forcedweight.deploy.robustness import RobustnessConfig, parse_taus, run_robustness
+    from forcedweight.errors import InputError
+
+    if threads is not None:
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    props = tuple(v.strip() for p in (proposal or []) for v in p.split(",") if v.strip())
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise InputError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
+    cfg = RobustnessConfig(**({"proposals": props} if props else {}), ratios=_floats(ratios, "--ratios"),
+                           taus=parse_taus([t for t in taus.split(",") if t.strip()]), seeds=seed_list,
+                           uncorrected=uncorrected, topk=topk, scope=scope, max_examples=max_examples)
+    typer.echo(str(run_robustness(model, tasks, out, cfg, command=command_line(), progress=progress)))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(group, name="probabilistic")

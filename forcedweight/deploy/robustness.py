@@ -72,7 +72,7 @@ class RobustnessConfig:
             raise InputError(f"--scope: 'layer' or 'model', got {self.scope!r}")
 
     def all_taus(self) -> list[float]:
-        taus = [float(t) for t in self.taus if math.isfinite(float(t))]
+        taus = [float(t) for t in self.taus]
         return list(dict.fromkeys(taus + ([math.inf] if self.uncorrected else [])))
 
 

@@ -254,3 +254,39 @@ def test_win_scores_by_hand():
     assert got == pytest.approx(want)
     assert ranks.set_index(["task", "method"]).loc[("a", "y"), "rank"] == 2.5
     assert method_label("sampled-h2o", math.inf) == "sampled-h2o τ=inf" and method_label("topk-h2o", None) == "topk-h2o"
+
+
+def test_robustness_study_end_to_end_and_resume(tmp_path):
+    """The study on a tiny model: every run's rows gathered, Table 1 from the cache's kept entries,
+    win scores in [0, 1] over exactly the main methods, and a rerun reuses the finished runs."""
+    from forcedweight.deploy.robustness import RobustnessConfig, run_robustness
+
+    tok = byte_tokenizer(WINDOW)
+    ex = make_tasks(tok, ["niah_single_1"], 600, 1, seed=0, max_new_tokens=4)
+    ex.append(continuation(500, tok, 0, 0, continuation_tokens=20))
+    tasks = write_tasks(ex, tmp_path / "tasks.jsonl")
+    lm = LoadedModel(tiny_llama(0, max_positions=WINDOW), tok, "tiny", "python")
+    cfg = RobustnessConfig(proposals=("h2o", "minh"), ratios=(0.25, 0.75), taus=(1.0, 2.0), seeds=(0, 1))
+    report = run_robustness(lm, tasks, tmp_path / "study", cfg, command="test", progress=False, quiet=True)
+    out = report.parent
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert runs == sorted(["topk"] + [f"tau-{t}-seed-{s}" for t in ("1", "2", "inf") for s in (0, 1)])
+    res = pq.read_table(out / "results.parquet").to_pandas()
+    assert len(res) == 2 * (1 + 2 * 2) + 6 * 2 * 2 * 2  # topk run (none + 2 x 2 ratios) + 6 sampled runs
+    t1 = pq.read_table(out / "table1.parquet").to_pandas()
+    samp = res[(res["policy"] == "sampled-h2o") & (res["compression_ratio"] == 0.75) & (res["tau"] == np.inf)]
+    eff = 1 - samp["kept_entries"] / (samp["context_tokens"] * 2 * 2)
+    row = t1[(t1["policy"] == "sampled-h2o") & (t1["target"] == 0.75)].iloc[0]
+    assert row["effective_mean"] == pytest.approx(eff.mean()) and row["n"] == 4
+    wins = pq.read_table(out / "win_scores.parquet").to_pandas()
+    overall = wins[wins["compression_ratio"].isna()]
+    assert set(overall["method"]) == {"topk-h2o", "topk-minh", "sampled-h2o τ=1", "sampled-h2o τ=inf",
+                                      "sampled-minh τ=1", "sampled-minh τ=inf"}
+    assert ((overall["win_score"] >= 0) & (overall["win_score"] <= 1)).all()
+    assert overall["win_score"].mean() == pytest.approx(0.5)  # normalised ranks of M methods average 1/2
+    stamp = (out / "runs" / "topk" / "results.parquet").stat().st_mtime_ns
+    run_robustness(lm, tasks, tmp_path / "study", cfg, command="test", progress=False, quiet=True)
+    assert (out / "runs" / "topk" / "results.parquet").stat().st_mtime_ns == stamp
+    bigger = RobustnessConfig(proposals=("h2o", "minh"), ratios=(0.25, 0.5), taus=(1.0, 2.0), seeds=(0, 1))
+    with pytest.raises(InputError, match="finished run without"):
+        run_robustness(lm, tasks, tmp_path / "study", bigger, progress=False, quiet=True)
