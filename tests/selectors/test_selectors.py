@@ -19,7 +19,7 @@ def _row(seed, n=40, d=6, dk=5, peak=2.0):
     return sel.RowView(p, rng.normal(size=(n, d)), rng.normal(size=(n, dk)), rng.normal(size=dk), row_id=seed)
 
 
-ALL = [sel.TopMass(), sel.TOVA(), sel.Balancing(), sel.Geometric(), sel.Leverage(), sel.Leverage(on="keys"),
+ALL = [sel.TopMass(), sel.TOVA(), sel.Balancing(), sel.Geometric(), sel.FreeGeometry(), sel.Leverage(), sel.Leverage(on="keys"),
        sel.Random(3), sel.StreamingLLM(), sel.KNorm(), sel.Quest(), sel.TopMass(sinks=2, recent=3)]
 
 
@@ -217,3 +217,60 @@ def test_balancing_single_key_budget_reaches_the_best_key_on_peaked_rows():
         # relative 1e-9: float64 round-off of E
         assert op.forced_error(p, V, kept) <= best * (1 + 1e-9)
         assert swaps == (0 if op.forced_error(p, V, op.top_mass_set(p, 1)) <= best * (1 + 1e-9) else 1)
+
+
+# ---------------------------------------------------------------- free-weight geometry
+
+
+def _fw_row(seed, n=40, d=5):
+    rng = np.random.default_rng(seed)
+    p = np.exp(2 * rng.normal(size=n))
+    return p / p.sum(), rng.normal(size=(n, d))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_free_geometry_first_picks_follow_the_definition(seed):
+    """Picks 1-3 recomputed in closed form: nearest value to mu; then the Frank-Wolfe vertex for the
+    residual v_1 - mu; then for the residual of the nearest point of the segment [v_1, v_2]."""
+    from forcedweight.selectors.free_geometry import free_geometry_order
+
+    p, V = _fw_row(seed)
+    mu = p @ V
+    order = free_geometry_order(p, V, 3)
+    Y = V - mu
+    j1 = int(np.argmin(np.linalg.norm(Y, axis=1)))
+    g = Y @ Y[j1]
+    g[j1] = np.inf
+    j2 = int(np.argmin(g))
+    a, b = Y[j1], Y[j2]  # nearest point of the segment to the origin: t in [0, 1]
+    t = float(np.clip(-(a @ (b - a)) / ((b - a) @ (b - a)), 0.0, 1.0))
+    r = a + t * (b - a)
+    g = Y @ r
+    g[[j1, j2]] = np.inf
+    assert order.tolist() == [j1, j2, int(np.argmin(g))]
+
+
+def test_free_geometry_lowers_ef_and_fills_by_mass_once_mu_is_reached():
+    from forcedweight.selectors.free_geometry import free_geometry_order
+
+    free, geo = [], []
+    for seed in range(12):
+        p, V = _fw_row(seed, n=60, d=8)
+        order = free_geometry_order(p, V, 8)
+        ef = [op.free_weight_error(p, V, order[:k]) for k in range(1, 9)]
+        assert all(b <= a + 1e-12 for a, b in zip(ef, ef[1:]))  # EF never rises as keys are added
+        free.append(ef[-1])
+        geo.append(op.free_weight_error(p, V, sel.Geometric().select((p, V), 8)))
+    assert np.median(free) < 0.5 * np.median(geo)  # the rule targets EF; farthest points do not
+    # a key whose value is mu: picked first, EF = 0 at once, then the largest masses
+    p, V = _fw_row(3, n=10, d=2)
+    V[7] = 0.0
+    mu0 = p @ V  # with v_7 = mu0 / (1 - p_7), mu = mu0 + p_7 v_7 = v_7
+    V[7] = mu0 / (1 - p[7])
+    mu = p @ V
+    assert np.allclose(V[7], mu, atol=1e-12)
+    order = free_geometry_order(p, V, 4)
+    by_mass = [int(i) for i in np.argsort(-p, kind="stable") if i != 7][:3]
+    assert order.tolist() == [7, *by_mass]
+    kept = sel.FreeGeometry().select((p, V), 4)
+    assert kept.tolist() == sorted(order.tolist())
