@@ -130,3 +130,25 @@ def test_warm_up_runs_once_per_process():
     warm_up()
     assert warm_up() is False
     assert warm_up(force=True) is True
+
+
+def test_cli_node_limit(tmp_path):
+    from typer.testing import CliRunner
+
+    from forcedweight.cli import app
+
+    p, V = _pv(7, 60, 3, 1.0)
+    src = tmp_path / "r.parquet"
+    pq.write_table(rows.make_row_table([dict(weights=p, values=V.ravel(), value_dim=3)]), src)
+    bad = CliRunner().invoke(app, ["certify", str(src), "--s", "4", "--out", str(tmp_path / "x.parquet"),
+                                   "--node-limit", "0", "--no-progress"])
+    assert bad.exit_code == 2 and "--node-limit" in bad.output and not (tmp_path / "x.parquet").exists()
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"c{k}.parquet"
+        ok = CliRunner().invoke(app, ["certify", str(src), "--s", "4", "--out", str(out), "--pool-mass", "1",
+                                      "--pool-error", "0", "--solver", "bnb", "--node-limit", "5",
+                                      "--time-limit", "600", "--no-progress"])
+        assert ok.exit_code == 0, ok.output
+        outs.append(pl.read_parquet(out).drop("seconds"))
+    assert outs[0].equals(outs[1]) and outs[0]["status"][0] in ("unsolved", "improved")
