@@ -39,23 +39,30 @@ def memory_summary(rows: list[dict]) -> list[dict]:
 
 
 def memory_figure(summary: list[dict]) -> Figure:
-    """Bytes / dense bytes against the compression ratio: one colour per method, one style per storage."""
-    fig = Figure(figsize=(4.5, 3.2))
+    """Bytes held (MiB) against the compression ratio: one colour per method (labelled when there are
+    at most 8), one line style per storage, and the full cache as a grey line."""
+    fig = Figure(figsize=(4.5, 3.4))
     ax = fig.add_subplot()
     methods = sorted({(r["policy"], r["allocator"]) for r in summary})
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    few = len(methods) <= 8
     for i, (pol, alloc) in enumerate(methods):
         for st, ls in STYLES.items():
-            pts = sorted((r["compression_ratio"], r["share"]) for r in summary
+            pts = sorted((r["compression_ratio"], r["bytes"] / 2**20) for r in summary
                          if (r["policy"], r["allocator"], r["storage"]) == (pol, alloc, st))
             if pts:
                 x, y = zip(*pts)
-                ax.plot(x, y, ls, marker="o", ms=3, color=colors[i % len(colors)],
-                        label=f"{pol}/{alloc} {st}" if len(methods) <= 4 or st == "ragged" else None)
+                ax.plot(x, y, ls, marker="o", ms=2.5, lw=1, alpha=1.0 if few else 0.5,
+                        color=colors[i % len(colors)], label=f"{pol}/{alloc}" if few and st == "ragged" else None)
+    dense = [r["bytes"] / r["share"] / 2**20 for r in summary if r["share"] > 0]
+    if dense:
+        ax.axhline(float(np.mean(dense)), color="grey", lw=0.8, label="full cache")
+    for st, ls in STYLES.items():
+        ax.plot([], [], ls, color="black", lw=1, label=st)
     ax.set_xlabel("nominal compression ratio (fraction evicted)")
-    ax.set_ylabel("bytes held / full cache")
-    ax.set_title("memory audit (solid ragged, dashed masked, dotted nominal)", fontsize=8)
-    ax.legend(fontsize=6)
+    ax.set_ylabel("bytes held (MiB)")
+    ax.set_title(f"memory audit, {len(methods)} policy/allocator methods", fontsize=8)
+    ax.legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     return fig
 
