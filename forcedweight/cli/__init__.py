@@ -19,7 +19,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import typer  # noqa: E402
 
-from forcedweight.cli import audit, certify, dump, evaluate, groups, instances, memory, pipeline, probabilistic, report, tasks  # noqa: E402
+from forcedweight.cli import audit, certify, contourkv, dump, evaluate, groups, instances, memory, pipeline, probabilistic, report, tasks  # noqa: E402
 from forcedweight.errors import InputError  # noqa: E402
 
 app = typer.Typer(
@@ -54,7 +54,7 @@ def _wrap_commands(typer_app: typer.Typer) -> None:
         _wrap_commands(group.typer_instance)
 
 
-for _module in (dump, certify, report, groups, instances, memory, probabilistic, pipeline, evaluate, tasks, audit):
+for _module in (dump, certify, report, groups, instances, memory, probabilistic, pipeline, evaluate, tasks, audit, contourkv):
     _module.register(app)
 _wrap_commands(app)
 

@@ -11,8 +11,8 @@ Two computations, equal up to rounding:
 - :func:`dropped_mass` from attention probabilities already at hand (``Prefill.attention`` rows,
   float64): O(N) per row once the row exists;
 - :func:`dropped_mass_onepass` straight from queries and keys in one pass: the row's logits
-  ``q . K^T`` (O(N d)), then ``1 - exp(lse(kept logits) - lse(all logits))`` — no probabilities
-  stored. Its cost against one dense attention layer is measured by ``benchmarks/bench_contourkv.py``.
+  ``q . K^T`` (O(N d)), their softmax and the kept entries' sum (O(N)) — nothing kept beyond the
+  call. Its cost against one dense attention layer is measured by ``benchmarks/bench_contourkv.py``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def dropped_mass_onepass(query: torch.Tensor, key: torch.Tensor, kept: torch.Ten
 
     Returns
     -------
-    (H_kv,) tensor in the query's dtype: ``1 - mean_{g, r} exp(lse_kept - lse_all)``.
+    (H_kv,) tensor in the query's dtype: ``1 - mean_{g, r} sum_{j kept} softmax(q_r . K^T)_j``.
     """
     hq, r, d = query.shape
     hkv, n, _ = key.shape
@@ -94,9 +94,9 @@ def dropped_mass_onepass(query: torch.Tensor, key: torch.Tensor, kept: torch.Ten
     if positions is not None:
         future = torch.arange(n, device=key.device)[None, :] > positions.to(key.device)[:, None]  # (R, N)
         logits = logits.masked_fill(future[None, None], float("-inf"))
-    lse_all = torch.logsumexp(logits, dim=-1)
-    lse_kept = torch.logsumexp(logits.masked_fill(~kept[:, None, None, :], float("-inf")), dim=-1)
-    return 1.0 - torch.exp(lse_kept - lse_all).mean(dim=(1, 2))
+    p = torch.softmax(logits, dim=-1)  # the rows themselves, never kept beyond this call
+    kept_mass = (p * kept[:, None, None, :].to(p.dtype)).sum(dim=-1)  # (H_kv, G, R)
+    return 1.0 - kept_mass.mean(dim=(1, 2))
 
 
 __all__ = ["WINDOW", "dropped_mass", "dropped_mass_onepass", "keep_mask", "segment_dropped_mass", "window_rows"]

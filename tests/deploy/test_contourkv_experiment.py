@@ -1,0 +1,59 @@
+"""The paired ContourKV experiment and the enforcement experiment, end to end on a tiny model."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+
+from forcedweight.deploy.contourkv_experiment import enforcement_experiment, paired_experiment
+from forcedweight.deploy.tasks import CONTINUATION_TASK
+from forcedweight.deploy.tasks.files import write_tasks
+from forcedweight.models import LoadedModel, byte_tokenizer, tiny_llama
+
+
+def _tasks(tmp_path):
+    text = "the quick brown fox jumps over the lazy dog. " * 4
+    exs = [{"context": text + f"the key is {i}{i}{i}.", "question": " what is the key?", "answer_prefix": " it is",
+            "answer": [f"{i}{i}{i}"], "max_new_tokens": 4, "task": "niah_single_1", "id": f"n-{i}"} for i in range(3)]
+    exs += [{"context": text, "question": "", "answer_prefix": "", "answer": ["a lazy dog again"], "max_new_tokens": 0,
+             "task": CONTINUATION_TASK, "id": f"c-{i}"} for i in range(2)]
+    return write_tasks(exs, tmp_path / "tasks.jsonl")
+
+
+def _model():
+    m = tiny_llama(seed=0, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=300)
+    return LoadedModel(m, byte_tokenizer(512), "tiny", "python")
+
+
+def test_paired_experiment_tables_and_matched_bytes(tmp_path):
+    md = paired_experiment(_model(), _tasks(tmp_path), tmp_path / "out", ratios=(0.5, 0.75), progress=False)
+    rows = pq.read_table(tmp_path / "out" / "results.parquet").to_pylist()
+    methods = {f"{r['policy']}/{r['allocator']}" for r in rows}
+    assert {"kvzip/contourkv", "snapkv/contourkv", "kvzip/global", "kvzip/uniform", "kvzip/adakv",
+            "snapkv/uniform"} <= methods
+    # every method keeps the same number of entries per (example, ratio): the same budget
+    kept = {}
+    for r in rows:
+        kept.setdefault((r["id"], r["compression_ratio"]), set()).add(r["kept_entries"])
+    assert all(len(v) == 1 for v in kept.values())
+    table = pq.read_table(tmp_path / "out" / "contourkv.parquet").to_pylist()
+    opp = {(t["contourkv"], t["opponent"]) for t in table}
+    assert ("kvzip/contourkv", "kvzip/global") in opp
+    for t in table:
+        assert t["wins"] + t["losses"] + t["ties"] == t["n"]
+        assert t["n"] == (3 if t["metric"] != "ce_nats" else 2) * 2  # examples x ratios
+    assert "kvzip/global" in md.read_text()
+
+
+def test_enforcement_masked_equals_ragged_and_holds_the_dense_bytes(tmp_path):
+    md = enforcement_experiment(_model(), _tasks(tmp_path), tmp_path / "enf", ratios=(0.5, 0.75))
+    rows = pq.read_table(tmp_path / "enf" / "enforcement.parquet").to_pylist()
+    by = {(r["id"], r["compression_ratio"], r["storage"]): r for r in rows}
+    for (i, ratio, st), r in by.items():
+        if st == "masked":
+            rag = by[(i, ratio, "ragged")]
+            assert r["score"] == rag["score"] or abs(r["score"] - rag["score"]) < 1e-5  # same answers
+            assert r["physical_bytes"] >= r["dense_bytes"] > rag["physical_bytes"]
+            assert r["kept_entries"] == rag["kept_entries"]
+        if st == "token_union":
+            assert r["kept_entries"] >= by[(i, ratio, "ragged")]["kept_entries"]  # the union holds more
+    assert "enforcing the nominal budget" in md.read_text()
