@@ -119,8 +119,8 @@ def _runs(cfg: RobustnessConfig) -> list[dict]:
     if cfg.topk:
         runs.append({"run": "topk", "policies": ["none"] + [f"topk-{p}" for p in cfg.proposals], "seed": 0,
                      "tau": None, "options": {f"topk-{p}": dict(cfg.policy_options.get(p, {})) for p in cfg.proposals}})
-    for tau in cfg.all_taus():
-        for s in cfg.seeds:
+    for s in cfg.seeds:  # seed-major: a partial study has every tau of the first seeds
+        for tau in cfg.all_taus():
             opts = {f"sampled-{p}": {**cfg.policy_options.get(p, {}), "tau": tau, "scope": cfg.scope}
                     for p in cfg.proposals}
             runs.append({"run": f"tau-{_tau_name(tau)}-seed-{s}", "policies": [f"sampled-{p}" for p in cfg.proposals],

@@ -154,6 +154,32 @@ def gqa_mixture(pis: np.ndarray) -> np.ndarray:
     return pi / pi.sum()
 
 
+def min_mass_mixture(pi: np.ndarray, min_mass: float) -> np.ndarray:
+    """πmin-h's per-head step (``sampled-minh`` in forcedweight.deploy.policies.sampled): the least uniform mixing giving every entry at least ``min_mass / n``.
+
+    Parameters
+    ----------
+    pi : ndarray (n,), a proposal.
+    min_mass : float in [0, 1].
+
+    Returns
+    -------
+    ndarray (n,) float64, ``(1 - lam) pi + lam / n`` with the smallest ``lam`` in [0, 1] for which
+    ``min_i >= min_mass / n``.
+    """
+    p = np.asarray(pi, dtype=np.float64)
+    if not 0.0 <= min_mass <= 1.0:
+        raise InputError(f"min_mass must lie in [0, 1], got {min_mass}")
+    n = p.size
+    lo = float(p.min())
+    floor = min_mass / n
+    if lo >= floor:
+        return p / p.sum()
+    lam = min(1.0, (floor - lo) / (1.0 / n - lo))
+    out = (1.0 - lam) * p + lam / n
+    return out / out.sum()
+
+
 def validate_proposal(pi: np.ndarray, must_keep: np.ndarray | None = None, name: str = "proposal") -> np.ndarray:
     """Check a proposal and return it as float64, renormalised.
 

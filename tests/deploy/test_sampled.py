@@ -15,7 +15,7 @@ import torch
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate import evaluate
 from forcedweight.deploy.policies import POLICIES, make_policy
-from forcedweight.deploy.policies.sampled import SAMPLED_PROPOSALS, min_mass_mixture
+from forcedweight.deploy.policies.sampled import SAMPLED_PROPOSALS
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.robustness import method_label, win_scores
 from forcedweight.deploy.tasks import continuation, make_tasks, write_tasks
@@ -189,15 +189,6 @@ def test_sinks_recent_kept_exactly(prefill):
             assert {0, 1, N_CTX - 3, N_CTX - 2, N_CTX - 1} <= set(k.tolist())
             pos = np.searchsorted(k, [0, 1, N_CTX - 3, N_CTX - 2, N_CTX - 1])
             assert (b[pos] == 0).all()
-
-
-def test_minh_definition():
-    pi = np.array([0.7, 0.3, 0.0, 0.0])
-    out = min_mass_mixture(pi, 0.4)
-    assert out.min() == pytest.approx(0.4 / 4) and out.sum() == pytest.approx(1.0)
-    lam = (0.1 - 0.0) / (0.25 - 0.0)
-    np.testing.assert_allclose(out, (1 - lam) * pi + lam / 4)
-    np.testing.assert_array_equal(min_mass_mixture(np.full(4, 0.25), 0.4), np.full(4, 0.25))
 
 
 def test_topk_version_keeps_top_of_pi(prefill):

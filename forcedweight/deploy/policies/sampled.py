@@ -47,6 +47,7 @@ from forcedweight.probabilistic import (
     expected_unique,
     global_sample_count,
     gqa_mixture,
+    min_mass_mixture,
     proposal_from_scores,
     sample,
     streaming_proposal,
@@ -56,32 +57,6 @@ from forcedweight.probabilistic.proposals import h2o_scores, knorm_scores, snapk
 
 SAMPLED_PROPOSALS = ("h2o", "snapkv", "knorm", "streaming", "uniform", "minh")
 _ROW_CHUNK = 256
-
-
-def min_mass_mixture(pi: np.ndarray, min_mass: float) -> np.ndarray:
-    """πmin-h's per-head step: the least uniform mixing giving every entry at least ``min_mass / n``.
-
-    Parameters
-    ----------
-    pi : ndarray (n,), a proposal.
-    min_mass : float in [0, 1].
-
-    Returns
-    -------
-    ndarray (n,) float64, ``(1 - lam) pi + lam / n`` with the smallest ``lam`` in [0, 1] for which
-    ``min_i >= min_mass / n``.
-    """
-    p = np.asarray(pi, dtype=np.float64)
-    if not 0.0 <= min_mass <= 1.0:
-        raise InputError(f"min_mass must lie in [0, 1], got {min_mass}")
-    n = p.size
-    lo = float(p.min())
-    floor = min_mass / n
-    if lo >= floor:
-        return p / p.sum()
-    lam = min(1.0, (floor - lo) / (1.0 / n - lo))
-    out = (1.0 - lam) * p + lam / n
-    return out / out.sum()
 
 
 def parse_tau(value) -> float:
