@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
-from forcedweight.kernels import ragged_decode
+from forcedweight.kernels import ragged_decode, segment_decode
 from forcedweight.kernels.reference import ragged_decode_reference
 from forcedweight.models import load_model
 from forcedweight.deploy.attention import use_ragged_attention
@@ -106,17 +106,20 @@ def memory(tokens, ratio, layers=30, kv_heads=3, D=64, seed=0):
     full_b, masked_b, ragged_b = physical_bytes(full), physical_bytes(full + masks), cache.physical_bytes()
     return {"tokens": tokens, "kept_per_head": s, "full_bytes": full_b, "masked_bytes": masked_b,
             "ragged_bytes": ragged_b, "ragged_nominal_bytes": cache.nominal_bytes(),
+            "ragged_slack_bytes": cache.slack_bytes(),
             "masked_over_full": masked_b / full_b, "ragged_over_full": ragged_b / full_b,
-            "metadata_share": (ragged_b - cache.nominal_bytes()) / cache.nominal_bytes()}
+            "overhead_share": (ragged_b - cache.nominal_bytes()) / cache.nominal_bytes()}
 
 
 def speed(device, batch, kept, dtype, peak_gbps=None):
     """Ragged decode vs SDPA over a dense cache of the same kept length (equal lengths for SDPA;
-    the ragged case also at ±50% varying lengths with the same total)."""
+    the ragged case also at ±50% varying lengths with the same total, packed (``ragged_decode``) and in
+    the cache's extents layout with 1/64 spare rows per segment (``segment_decode``, what a decode step
+    through ``RaggedKVCache`` runs))."""
     kv_heads, G, D = 8, 4, 128  # a Llama-3-8B-like layer (GQA G = 4)
     rows = []
     S = batch * kv_heads
-    for layout in ("uniform", "varying"):
+    for layout in ("uniform", "varying", "varying, cache extents"):
         if layout == "uniform":
             lengths = [kept] * S
         else:
@@ -128,18 +131,38 @@ def speed(device, batch, kept, dtype, peak_gbps=None):
         if device.type == "cuda":
             from forcedweight.kernels.triton_decode import choose_num_splits
 
-            kwargs = {"num_splits": choose_num_splits(S, max(lengths), 64, device), "check_indptr": False}
+            kwargs = {"num_splits": choose_num_splits(S, max(lengths), 64, device)}
+        if layout == "varying, cache extents":  # the same segments with spare rows between them
+            caps = [n + max(1, n // 64) for n in lengths]
+            starts_l = [0]
+            for c in caps[:-1]:
+                starts_l.append(starts_l[-1] + c)
+            C = sum(caps)
+            rows_idx = torch.cat([torch.arange(s0, s0 + n) for s0, n in zip(starts_l, lengths)]).to(device)
+            kb = torch.zeros(C, D, dtype=dtype, device=device).index_copy_(0, rows_idx, k)
+            vb = torch.zeros(C, D, dtype=dtype, device=device).index_copy_(0, rows_idx, v)
+            bb = torch.zeros(C, device=device).index_copy_(0, rows_idx, bias)
+            starts = torch.tensor(starts_l, device=device)
+            lens = torch.tensor(lengths, device=device)
+            host = (starts_l, lengths)
+
+            def run():
+                return segment_decode(q, kb, vb, starts, lens, bb, check=False, host=host, max_len=max(lengths),
+                                      **kwargs)
+        else:
+            def run():
+                return ragged_decode(q, k, v, indptr, bias, check_indptr=False, **kwargs)
         kd = torch.randn(batch, kv_heads, kept, D, device=device).to(dtype)
         vd = torch.randn(batch, kv_heads, kept, D, device=device).to(dtype)
         qd = q.unsqueeze(2)
-        t_ragged, t_sdpa = paired_time(lambda: ragged_decode(q, k, v, indptr, bias, **kwargs),
-                                       lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True), device)
+        t_ragged, t_sdpa = paired_time(run, lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True),
+                                       device)
         row = {"device": device.type, "layout": layout, "batch": batch, "kv_heads": kv_heads, "G": G, "D": D,
                "kept_per_head": kept, "dtype": str(dtype).replace("torch.", ""),
                "ragged_seconds": t_ragged, "sdpa_seconds": t_sdpa, "ragged_over_sdpa": t_ragged / t_sdpa}
         if device.type == "cuda":
             moved = k.numel() * k.element_size() + v.numel() * v.element_size() + bias.numel() * 4 \
-                + 2 * q.numel() * q.element_size() + indptr.numel() * 8
+                + 2 * q.numel() * q.element_size() + 2 * S * 8
             gbps = moved / t_ragged / 1e9
             name = torch.cuda.get_device_name(device)
             peak = peak_gbps or next((p for key, p in HBM_PEAK_GBPS.items() if key in name), None)
@@ -161,13 +184,14 @@ def uniform_keep(n, budget, segments, seed):
 
 
 def _decode(model, cache, token, steps):
-    """Greedy decode ``steps`` tokens from ``token`` [B, 1]; returns (seconds, last token)."""
-    t0 = time.perf_counter()
+    """Greedy decode ``steps`` tokens from ``token`` [B, 1]; returns (wall seconds, CPU seconds of this
+    process, last token). CPU time is the steadier figure on a shared machine."""
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
         for _ in range(steps):
             logits = model(input_ids=token, cache=cache, use_cache=True).logits
             token = logits[:, -1:].argmax(-1)
-    return time.perf_counter() - t0, token
+    return time.perf_counter() - t0, time.process_time() - c0, token
 
 
 def model_decode(contexts, fractions, steps, repeats, warmup, seed=0):
@@ -202,6 +226,7 @@ def model_decode(contexts, fractions, steps, repeats, warmup, seed=0):
 
         variants = [("dense DynamicCache", None)] + [(f"ragged {round(100 * f)}%", f) for f in [1.0] + fractions]
         times = {name: [] for name, _ in variants}
+        cpu = {name: [] for name, _ in variants}
         info = {}
         for rep in range(repeats + 1):  # repeat 0 is the warm-up pass
             for name, frac in variants:
@@ -210,11 +235,12 @@ def model_decode(contexts, fractions, steps, repeats, warmup, seed=0):
                     model.set_attn_implementation("sdpa")
                 else:
                     use_ragged_attention(model)
-                _, tok = _decode(model, cache, first, warmup)  # warm-up steps, discarded
+                _, _, tok = _decode(model, cache, first, warmup)  # warm-up steps, discarded
                 relayouts0 = cache.relayouts() if frac is not None else 0
-                seconds, _ = _decode(model, cache, tok, steps if rep else 1)
+                seconds, cpu_s, _ = _decode(model, cache, tok, steps if rep else 1)
                 if rep:
                     times[name].append(1e3 * seconds / steps)
+                    cpu[name].append(1e3 * cpu_s / steps)
                 if frac is None:
                     held = physical_bytes([t for layer in cache.layers for t in (layer.keys, layer.values)])
                     info[name] = {"entries": cache.layers[0].keys.shape[2] * Hkv * B * len(cache.layers),
@@ -231,12 +257,15 @@ def model_decode(contexts, fractions, steps, repeats, warmup, seed=0):
                    "ms_per_token_all": ts, "ratio_to_dense_best": min(ts) / dense_best,
                    "ratio_to_dense_paired": statistics.median(
                        [a / b for a, b in zip(ts, times["dense DynamicCache"])]),
-                   "prefill_seconds": prefill_s, **info[name]}
+                   "cpu_ms_per_token_best": min(cpu[name]),
+                   "cpu_ratio_to_dense_best": min(cpu[name]) / min(cpu["dense DynamicCache"]),
+                   "prefill_seconds": prefill_s, "load_average": os.getloadavg(), **info[name]}
             row["slack_share"] = row["slack_bytes"] / row["physical_bytes"]
             rows.append(row)
             print(f"N={N:5d} {name:20s} best {row['ms_per_token_best']:7.2f} ms/token  "
                   f"median {row['ms_per_token_median']:7.2f}  x dense {row['ratio_to_dense_best']:.3f} "
-                  f"(paired {row['ratio_to_dense_paired']:.3f})  slack {100 * row['slack_share']:.2f}%  "
+                  f"(paired {row['ratio_to_dense_paired']:.3f})  cpu {row['cpu_ms_per_token_best']:7.2f} "
+                  f"x dense {row['cpu_ratio_to_dense_best']:.3f}  slack {100 * row['slack_share']:.2f}%  "
                   f"relayouts {row['relayouts']}", flush=True)
     model.set_attn_implementation("sdpa")
     return rows
@@ -244,12 +273,14 @@ def model_decode(contexts, fractions, steps, repeats, warmup, seed=0):
 
 def markdown_table(rows) -> str:
     lines = ["| context | cache | entries held | ms/token (best) | ms/token (median) | × dense (best) | "
-             "× dense (paired median) | physical MB | slack % of held | relayouts |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "× dense (paired median) | CPU ms/token (best) | CPU × dense | physical MB | slack % of held | "
+             "relayouts |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['context']} | {r['variant']} | {r['entries']:,} | {r['ms_per_token_best']:.2f} | "
                      f"{r['ms_per_token_median']:.2f} | {r['ratio_to_dense_best']:.3f} | "
-                     f"{r['ratio_to_dense_paired']:.3f} | {r['physical_bytes'] / 2**20:.1f} | "
+                     f"{r['ratio_to_dense_paired']:.3f} | {r['cpu_ms_per_token_best']:.2f} | "
+                     f"{r['cpu_ratio_to_dense_best']:.3f} | {r['physical_bytes'] / 2**20:.1f} | "
                      f"{100 * r['slack_share']:.2f} | {r['relayouts']} |")
     return "\n".join(lines)
 
