@@ -191,7 +191,8 @@ def write_all(df: pl.DataFrame, tables: dict[str, pl.DataFrame], fdir: Path, har
             written[f"selector_ratios_{tag}"] = save_figure(selector_figure(ratios, model), fdir / f"selector_ratios_{tag}")
     med = tables["medians"]
     pi = med.filter((pl.col("scope") == "pooled") & (pl.col("metric") == "pi_top"))
-    written["pi_vs_s"] = save_figure(pi_figure(pi), fdir / "pi_vs_s")
+    if pi.height and pi.group_by("model").agg(pl.col("s").n_unique().alias("k"))["k"].max() >= 2:
+        written["pi_vs_s"] = save_figure(pi_figure(pi), fdir / "pi_vs_s")  # a curve needs two budgets
     if "groups" in tables and tables["groups"].height:
         g = tables["groups"]
         for model in sorted(g["model"].unique().to_list()):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 import numpy as np
 import polars as pl
 
@@ -13,6 +15,17 @@ def _fmt(x, digits: int = 3) -> str:
 
 def _ci(m, lo, hi) -> str:
     return f"{_fmt(m)} [{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def package_versions_text() -> str:
+    """``name version`` of the packages the report depends on (and forcedweight itself)."""
+    out = []
+    for name in ("forcedweight", "numpy", "scipy", "polars", "pyarrow", "matplotlib"):
+        try:
+            out.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{name} (not installed)")
+    return ", ".join(out)
 
 
 def render_markdown(tables, out, written_tables, written_figures, results_path, groups_path,
@@ -84,7 +97,22 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
         lines.append(f"- {name}: " + ", ".join(f"[{p.name}]({p.relative_to(out).as_posix()})" for p in paths))
         if png:
             lines.append(f"  ![{name}]({png[0].relative_to(out).as_posix()})")
+    left = tables.get("left_out")
+    if left is not None and left.height:
+        lines += ["", "Left out (no row has their inputs): " + ", ".join(f"`{m[6:]}`" for m in left["metric"].to_list()) + "."]
+    lines += ["", "## Settings", "", f"- bootstrap: {n_boot} resamples, seed {seed}; hard threshold κ > {hard_threshold}",
+              f"- package versions: {package_versions_text()}",
+              "- the certify settings (solver, limits, pool sizes, seed) are those of the command that wrote the results; "
+              "see its `state`/metadata and docs/certify.md"]
     lines += ["", "## Definitions", "",
+              "Full definitions: [docs/concepts.md](../docs/concepts.md) in the forcedweight repository.", "",
+              "- E(S): the forced-weight error ‖Σ_{i∈S} p_i v_i / p(S) − μ‖ of keeping S (μ = Σ p_i v_i); "
+              "EF(S): the same with free simplex weights on S; π = E/EF (the forced-weight penalty).",
+              "- D = dropped mass 1 − p(S) of the top-mass set.",
+              "- Pool: the candidate pool (top keys by mass plus keys of largest single-key error); ES_pool = the "
+              "exact minimum of E over its s-subsets.",
+              "- Balancing recovery = (E(top) − E(balance))/(E(top) − ES*): share of the gap that 1-swaps recover.",
+              "- Family = one (model, layer, head) at one s; pooled = all families of a model at one s.",
               "- κ = (E(top) − ES*)/E(top), ES* = best known value (solver improvements substituted); 0 when E(top) = 0.",
               "- Pessimistic κ: unsolved rows take ES* = their proved lower bound (1 when none), i.e. counted as improved "
               "as far as the proof allows; the one-sided 95% Wilson upper bound on its median is the smallest observed κ "

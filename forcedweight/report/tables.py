@@ -150,7 +150,16 @@ def compute_tables(df: pl.DataFrame, hard_threshold: float = 0.05, n_boot: int =
         out["substitution"].append(sub)
         out["prediction"].append(pred)
     _family_spearman(out["prediction"])
-    return {k: _frame(v) for k, v in out.items()}
+    tables = {k: _frame(v) for k, v in out.items()}
+    # selectors whose inputs are missing everywhere (all-NaN ratios) are left out, not shown as NaN rows
+    med = tables["medians"]
+    ratio = med.filter(pl.col("metric").str.starts_with("ratio_"))
+    empty = sorted(set(ratio.group_by("metric").agg(pl.col("n").max().alias("n")).filter(pl.col("n") == 0)["metric"].to_list()))
+    if empty:
+        tables["medians"] = med.filter(~pl.col("metric").is_in(empty))
+    tables["left_out"] = pl.DataFrame({"metric": empty, "reason": ["no row has this selector's inputs (all null)"] * len(empty)},
+                                      schema={"metric": pl.Utf8, "reason": pl.Utf8})
+    return tables
 
 
 def _family_spearman(prediction: list[dict]) -> None:

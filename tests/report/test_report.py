@@ -366,3 +366,23 @@ def test_cluster_intervals_auc_thresholds_family_spearman_match_direct(tmp_path)
             for l in (0, 1, 2)]
     assert pred["spearman_family_median"] == pytest.approx(np.median(rhos), rel=1e-12)
     assert pred["spearman_families"] == 3
+
+
+def test_single_s_report_no_pi_curve_missing_selectors_left_out(tmp_path):
+    df = fake_results(n_per=20, layers=(0,), s_values=(4,), seed=11)
+    df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("es_quest"))  # no row has Quest's inputs
+    df.write_parquet(tmp_path / "r.parquet")
+    md = build_report(tmp_path / "r.parquet", tmp_path / "out", n_boot=20, command="forcedweight report r.parquet")
+    text = md.read_text()
+    assert not list((tmp_path / "out" / "figures").glob("pi_vs_s*"))  # one budget: no one-point curve
+    assert "pi_vs_s" not in text
+    med = pl.read_parquet(tmp_path / "out" / "tables" / "medians.parquet")
+    assert "ratio_quest" not in med["metric"].to_list() and "ratio_geometric" in med["metric"].to_list()
+    assert "Left out (no row has their inputs): `quest`." in text
+    assert "## Settings" in text and "numpy " in text and "docs/concepts.md" in text
+    for word in ("π = E/EF", "D = dropped mass", "ES_pool", "Balancing recovery", "Family ="):
+        assert word in text
+    # two budgets: the π-vs-s curve is drawn
+    fake_results(n_per=20, layers=(0,), s_values=(4, 8), seed=11).write_parquet(tmp_path / "r2.parquet")
+    build_report(tmp_path / "r2.parquet", tmp_path / "out2", n_boot=20, command="x")
+    assert list((tmp_path / "out2" / "figures").glob("pi_vs_s*"))
