@@ -70,6 +70,23 @@ def parse_tau(value) -> float:
     return t
 
 
+#: the last prefill's accumulated attention per layer, shared by every H2O-based policy of one example
+_ACC: dict = {"prefill": None, "layers": {}}
+
+
+def _accumulated(prefill, layer: int) -> np.ndarray:
+    """H2O's column sums of every context query's attention, (H_q, N), computed once per prefill and layer."""
+    if _ACC["prefill"] is not prefill:
+        _ACC["prefill"], _ACC["layers"] = prefill, {}
+    if layer not in _ACC["layers"]:
+        n = prefill.n_tokens
+        acc = np.zeros((prefill.n_heads, n))
+        for r0 in range(0, n, _ROW_CHUNK):  # column sums are additive over row chunks
+            acc += h2o_scores(prefill.attention(layer, slice(r0, min(n, r0 + _ROW_CHUNK))))
+        _ACC["layers"][layer] = acc
+    return _ACC["layers"][layer]
+
+
 class _ProposalMixin:
     """Per layer (H_kv, N) proposals of a Prefill for one proposal rule."""
 
@@ -98,9 +115,7 @@ class _ProposalMixin:
         out = []
         for layer in range(prefill.n_layers):
             if self.proposal in ("h2o", "minh"):
-                acc = np.zeros((prefill.n_heads, n))
-                for r0 in range(0, n, _ROW_CHUNK):  # column sums are additive over row chunks
-                    acc += h2o_scores(prefill.attention(layer, slice(r0, min(n, r0 + _ROW_CHUNK))))
+                acc = _accumulated(prefill, layer)
                 heads = [self._head(a, "normalise") for a in acc]
                 if self.proposal == "minh":
                     heads = [min_mass_mixture(p, self.min_mass) for p in heads]
