@@ -110,7 +110,13 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     vcol = batch.column("values")
     vl = _lengths(vcol)
     vf, vr = _flat(vcol, vl)
-    vd = pc.fill_null(batch.column("value_dim"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    vtype = batch.schema.field("value_dim").type
+    if not (pa.types.is_integer(vtype) or pa.types.is_floating(vtype)):
+        raise InputError(f"{source}: column value_dim must hold integers, not {vtype}")
+    vd_raw = pc.fill_null(batch.column("value_dim"), 0).to_numpy(zero_copy_only=False).astype(np.float64)
+    vd = np.where(np.isfinite(vd_raw), vd_raw, 0).astype(np.int64)
+    frac = np.isfinite(vd_raw) & (vd_raw != np.floor(vd_raw))
+    vd[frac] = 0  # 2.5 is not a dimension: refused below, never truncated
     fin_w = np.isfinite(wf)
     bad = (wl <= 0) | (vl < 0) | (vd < 1) | (vl != wl * vd)
     bad |= np.bincount(wr[~fin_w], minlength=n) > 0
@@ -129,6 +135,9 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
                 key_reason[i] = reason
     for i in range(n):
         rid = int(ids[i])
+        if frac[i]:
+            yield rid, None, f"value_dim {vd_raw[i]:g} is not an integer"
+            continue
         if bad[i]:
             row = batch.slice(i, 1).to_pydict()
             try:

@@ -150,3 +150,22 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
             except psutil.NoSuchProcess:
                 pass
     assert not out.exists()
+
+
+def test_value_dim_strings_and_fractions_are_refused(tmp_path):
+    import pyarrow as pa
+
+    from forcedweight import rows as rows_mod
+
+    t = rows_mod.make_row_table([_rec(i, 6, keys=False) for i in range(2)])
+    i = t.column_names.index("value_dim")
+    frac = t.set_column(i, "value_dim", pa.array([3.0, 2.5]))
+    pq.write_table(frac, tmp_path / "frac.parquet")
+    res = _run_sub([tmp_path / "frac.parquet", "--s", 2, "--out", tmp_path / "o.parquet"])
+    assert res.returncode == 2 and res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+    assert "row 1" in res.stderr and "value_dim 2.5 is not an integer" in res.stderr
+    strs = t.set_column(i, "value_dim", pa.array(["3", "3"]))
+    pq.write_table(strs, tmp_path / "str.parquet")
+    res = _run_sub([tmp_path / "str.parquet", "--s", 2, "--out", tmp_path / "o.parquet"])
+    assert res.returncode == 2 and "value_dim" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.parquet").exists()
