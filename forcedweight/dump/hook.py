@@ -23,7 +23,9 @@ queries, keys and values and
   mask is anything else (bidirectional, chunked, padded, a positional bias) is refused.
 
 Models whose attention implementation is neither eager nor SDPA (flash, flex) are captured
-through eager (the rows then equal the model's eager attention). After the last layer that has
+through eager (the rows then equal the model's eager attention), and so is a model whose
+attention SDPA would not compute as defined (Gemma 2's soft-cap, which transformers < 5.3 run
+under SDPA by default: :func:`forcedweight.compat.sdpa_drops_features`). After the last layer that has
 rows to capture the forward pass is stopped (:class:`StopCapture`).
 """
 
@@ -41,6 +43,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from forcedweight.compat import sdpa_drops_features
 from forcedweight.kernels.attention_stats import attention_rows
 from forcedweight.errors import InputError
 
@@ -305,6 +308,8 @@ def capturing(model, recorder: Recorder):
         configs.append(text)
     previous = [c._attn_implementation for c in configs]
     wrapped = previous[-1] if previous[-1] in WRAPPED else "eager"
+    if wrapped == "sdpa" and sdpa_drops_features(model.config):
+        wrapped = "eager"  # transformers < 5.3 default Gemma 2 to SDPA, which drops its soft-cap
     recorder.wrapped = wrapped
     token = _ACTIVE.set(recorder)
     for c in configs:

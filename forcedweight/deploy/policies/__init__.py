@@ -10,6 +10,8 @@ from forcedweight.deploy.policies.attention import H2OPolicy, SnapKVPolicy, TOVA
 from forcedweight.deploy.policies.base import Policy
 from forcedweight.deploy.policies.compactor import CompactorPolicy
 from forcedweight.deploy.policies.expected_attention import ExpectedAttentionPolicy
+from forcedweight.deploy.policies.kvpress_adapter import PREFIX as KVPRESS_PREFIX
+from forcedweight.deploy.policies.kvpress_adapter import KvpressPolicy, make_kvpress_policy
 from forcedweight.deploy.policies.kvzip import KVzipPolicy
 from forcedweight.deploy.policies.sampled import SAMPLED_POLICIES
 from forcedweight.deploy.policies.simple import KnormPolicy, RandomPolicy, StreamingLLMPolicy
@@ -23,12 +25,15 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def make_policy(name: str, **options) -> Policy:
-    """The policy ``name`` built with ``options`` (sinks, recent, seed and its own)."""
+    """The policy ``name`` built with ``options`` (sinks, recent, seed and its own);
+    ``kvpress:<PressClassName>`` adapts a kvpress ScorerPress (the ``peers`` extra)."""
+    if name.startswith(KVPRESS_PREFIX):
+        return make_kvpress_policy(name, **options)
     cls = POLICIES.get(name)
     if cls is None:
         raise InputError(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
     return cls(**options)
 
 
-__all__ = ["POLICIES", "CompactorPolicy", "ExpectedAttentionPolicy", "H2OPolicy", "KVzipPolicy", "KnormPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
+__all__ = ["POLICIES", "CompactorPolicy", "ExpectedAttentionPolicy", "H2OPolicy", "KVzipPolicy", "KnormPolicy", "KvpressPolicy", "Policy", "RandomPolicy", "SnapKVPolicy", "StreamingLLMPolicy",
            "TOVAPolicy", "make_policy"]
