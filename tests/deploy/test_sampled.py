@@ -281,3 +281,29 @@ def test_robustness_study_end_to_end_and_resume(tmp_path):
     bigger = RobustnessConfig(proposals=("h2o", "minh"), ratios=(0.25, 0.5), taus=(1.0, 2.0), seeds=(0, 1))
     with pytest.raises(InputError, match="finished run without"):
         run_robustness(lm, tasks, tmp_path / "study", bigger, progress=False, quiet=True)
+
+
+def test_cli_evaluate_tau_and_bad_inputs(tmp_path):
+    from typer.testing import CliRunner
+
+    from forcedweight.cli import app
+    from forcedweight.models import save_tiny_model
+
+    tok = byte_tokenizer(WINDOW)
+    tasks = write_tasks([continuation(500, tok, 0, 0, continuation_tokens=20)], tmp_path / "tasks.jsonl")
+    mdir = save_tiny_model(tmp_path / "tiny", max_positions=WINDOW)
+    runner = CliRunner()
+    base = ["evaluate", "--model", str(mdir), "--tasks", str(tasks), "--policy", "sampled-h2o",
+            "--compression-ratio", "0.5", "--no-progress", "--no-report"]
+    res = {}
+    for tau in ("1", "inf"):
+        r = runner.invoke(app, base + ["--tau", tau, "--out", str(tmp_path / f"o-{tau}")])
+        assert r.exit_code == 0, r.output
+        res[tau] = pq.read_table(tmp_path / f"o-{tau}" / "results.parquet").to_pylist()[0]
+    assert res["1"]["allocator"] == res["inf"]["allocator"] == "sampled"
+    assert res["1"]["kept_entries"] == res["inf"]["kept_entries"] and res["1"]["score"] != res["inf"]["score"]
+    r = runner.invoke(app, base + ["--tau", "0", "--out", str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "--tau" in r.output and not (tmp_path / "bad").exists()
+    r = runner.invoke(app, ["probabilistic", "robustness", "--tasks", str(tasks), "--out", str(tmp_path / "bad2"),
+                            "--model", str(mdir), "--proposal", "nope"])
+    assert r.exit_code == 2 and "--proposal" in r.output and not (tmp_path / "bad2").exists()
