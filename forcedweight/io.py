@@ -8,6 +8,8 @@
 - ``command_line`` is the one way a report records the command that produced it.
 - ``check_dump_complete`` refuses a dump whose ``manifest.json`` says ``complete: false``.
 - ``die_with_parent`` makes a worker process exit when its parent dies (Linux ``prctl``).
+- ``staged_outputs`` writes a command's whole output set into a hidden staging directory and
+  moves it into place only on success, replacing the previous run's outputs (never a mix).
 - ``output_lock`` holds an exclusive lock (``fcntl.flock`` on ``.<name>.lock`` beside the output)
   for the whole of a run, so that a second run on the same output is refused, naming the holder.
 """
@@ -19,6 +21,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -153,10 +156,70 @@ def atomic_path(target: str | os.PathLike, suffix: str = ""):
         fsync_file(tmp)
         os.replace(tmp, target)
         fsync_dir(parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC: disk full, one line naming the target
+            raise InputError(f"{target}: no space left on device") from None
         raise
+
+
+OUTPUTS_RECORD = ".forcedweight-outputs.json"
+
+
+@contextlib.contextmanager
+def staged_outputs(out: str | os.PathLike, owned: tuple[str, ...] = (), keep: tuple[str, ...] = ()):
+    """Yield a hidden staging directory inside ``out``; on success its entries replace the last run's.
+
+    Everything a command writes goes to the staging directory. On success the outputs of the
+    previous run (the names listed in ``out/.forcedweight-outputs.json``, plus the names in
+    ``owned``, which a run from before that record may have left; never those in ``keep``) are
+    removed, and the staged entries are renamed into ``out`` (a rename per entry, no copy). On an
+    exception the staging directory is removed and ``out`` is left exactly as it was, so a rerun never
+    leaves an old ``report.md`` beside new tables and a failed run never leaves half its tables.
+    """
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write output ({exc.strerror or exc})") from None
+    try:
+        yield stage
+        new = sorted(p.name for p in stage.iterdir())
+        record = out / OUTPUTS_RECORD
+        old: set[str] = set(owned)
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            old |= set(json.loads(record.read_text()))
+        for name in sorted(old - set(keep)):
+            if "/" in name or name in ("", ".", "..") or name.startswith(".staging-"):
+                continue
+            victim = out / name
+            if victim.is_dir() and not victim.is_symlink():
+                shutil.rmtree(victim)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    victim.unlink()
+        for name in new:
+            fsync_file(stage / name)
+            os.replace(stage / name, out / name)
+        with atomic_path(record) as tmp:
+            tmp.write_text(json.dumps(new))
+        fsync_dir(out)
+    except OSError as exc:
+        raise os_error(exc, out) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def os_error(exc: OSError, where: str | os.PathLike | None = None) -> InputError:
+    """An OSError of a write or read as a one-line InputError naming the path (disk full included)."""
+    import errno as _errno
+
+    path = exc.filename or where or "output"
+    if exc.errno == _errno.ENOSPC:
+        return InputError(f"{path}: no space left on device")
+    return InputError(f"{path}: {exc.strerror or exc}")
 
 
 def fsync_file(path: str | os.PathLike) -> None:

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from forcedweight.core.operator import top_s
 from forcedweight.dump import builtin_texts, dump_rows
 from forcedweight.errors import InputError
-from forcedweight.io import check_dump_complete, list_parquet_files, output_lock, progress as progress_bar
+from forcedweight.io import check_dump_complete, list_parquet_files, output_lock, progress as progress_bar, staged_outputs
 from forcedweight.probabilistic import study_outputs as so
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
 from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
@@ -78,7 +78,8 @@ class StudyConfig:
     ----------
     compression_ratios : evicted fractions r in (0, 1) (paper 000's r; CLI ``--ratios``); each
         method keeps ``round((1 - r) n)`` of the n entries (in expectation for the sampled ones).
-    taus : correction temperatures > 0 (``--taus``); τ = ∞ ("sampled") is always added.
+    taus : correction temperatures > 0 (``--taus``); τ = ∞ ("sampled", uncorrected) is always run,
+        so an ``inf`` given here is dropped (``--taus inf`` runs top-k and sampled only).
     seeds : sampling repetitions per setting (>= 1).
     proposals : names from ``PROPOSALS``.
     evict_at : eviction positions as fractions of each text's length, in (0, 1).
@@ -107,9 +108,11 @@ class StudyConfig:
     def __post_init__(self) -> None:
         for name in ("compression_ratios", "taus", "proposals", "evict_at"):
             object.__setattr__(self, name, _unique(getattr(self, name)))
+        # τ = ∞ is the uncorrected "sampled" method, always run: an explicit inf adds nothing more
+        object.__setattr__(self, "taus", tuple(float(t) for t in self.taus if not t == float("inf")))
         if not self.compression_ratios or any(not (0 < r < 1) for r in self.compression_ratios):
             raise InputError(f"--ratios: every ratio must lie in (0, 1), got {list(self.compression_ratios)}")
-        if not self.taus or any(not (t > 0) for t in self.taus):
+        if any(not (t > 0) for t in self.taus):
             raise InputError(f"--taus: every tau must be > 0, got {list(self.taus)}")
         if self.seeds < 1:
             raise InputError(f"--seeds must be >= 1, got {self.seeds}")
@@ -384,6 +387,13 @@ def _frame(records: list[dict], schema: dict[str, str]):
     return pl.DataFrame(cols, schema=types)
 
 
+#: every name the study writes into its output directory (a rerun replaces all of them at once)
+STUDY_OUTPUTS = tuple(f"{stem}.{ext}" for stem in ("records", "summary", "compression_draws", "compression")
+                      for ext in ("parquet", "csv")) + tuple(
+    f"{stem}.{ext}" for stem in ("error_vs_ratio", "error_vs_tau", "bias_variance_vs_tau", "effective_compression")
+    for ext in ("png", "pdf")) + ("report.md",)
+
+
 def run_study(
     rows_dir: str | Path,
     out_dir: str | Path,
@@ -414,8 +424,7 @@ def run_study(
     if short:
         raise InputError(f"{rows_dir}: text {short[0].text_id} has {short[0].length} positions; need at least 3")
     out = Path(out_dir)
-    with output_lock(out, "probabilistic study"):
-        out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "probabilistic study"), staged_outputs(out, owned=STUDY_OUTPUTS, keep=("rows",)) as stage:
         records: list[dict] = []
         with progress_bar("probabilistic study", enabled=progress, transient=True) as bar:
             task = bar.add_task("trajectories", total=len(trajs))
@@ -430,19 +439,19 @@ def run_study(
             "group_ratio_max": "Float64", "status": "Utf8"})
         summary = so.summarise(rec)
         comp_summary = so.compression_summary(comp)
-        so.write_frame(rec, out, "records")
-        so.write_frame(summary, out, "summary")
-        so.write_frame(comp, out, "compression_draws")
+        so.write_frame(rec, stage, "records")
+        so.write_frame(summary, stage, "summary")
+        so.write_frame(comp, stage, "compression_draws")
         if comp_summary.height:
-            so.write_frame(comp_summary, out, "compression")
-        so.figures(summary, comp_summary, out)
+            so.write_frame(comp_summary, stage, "compression")
+        so.figures(summary, comp_summary, stage)
         config_text = (
             f"compression ratios (evicted fraction) {list(cfg.compression_ratios)}, taus {list(cfg.taus)}, {cfg.seeds} seeds, proposals {list(cfg.proposals)}, "
             f"eviction at {list(cfg.evict_at)} of each text, temperature {cfg.temperature}, mix {cfg.mix}, "
             f"GQA-shared proposals: {cfg.share_gqa}."
         )
-        so.write_report(out, rec, comp_summary, command or "run_study(...)", len(trajs), config_text)
-        return out
+        so.write_report(stage, rec, comp_summary, command or "run_study(...)", len(trajs), config_text)
+    return out
 
 
 def truncate_text(text: str, max_chars: int) -> str:

@@ -442,3 +442,66 @@ def test_bias2_is_unbiased_over_seeds():
     one = _stats(outs[:1], dense, deterministic=True)
     assert one["variance"] == 0 and one["bias2"] == pytest.approx(one["mse"], rel=1e-12)
     assert np.isnan(_stats(outs[:1], dense)["bias2"])
+
+
+@pytest.mark.parametrize("extra", [["--taus", "inf"], ["--taus", "1,1,inf"], ["--ratios", "0.5,0.5"],
+                                   ["--proposal", "uniform", "--proposal", "uniform"]])
+def test_cli_study_repeated_or_infinite_options(tiny_rows, tmp_path, monkeypatch, capsys, extra):
+    import polars as pl
+
+    base = ["probabilistic", "study", str(tiny_rows), "--out", str(tmp_path / "o"), "--seeds", "2", "--no-progress"]
+    opts = {"--ratios": "0.5", "--taus": "1", "--proposal": "uniform"}
+    for k, v in opts.items():
+        if k not in extra:
+            base += [k, v]
+    assert _cli(monkeypatch, base + extra) == 0, capsys.readouterr().err
+    rec = pl.read_parquet(tmp_path / "o" / "records.parquet")
+    # one record per (text, layer, head, proposal, ratio, method, tau): a repeated option repeats nothing
+    keys = ["text_id", "layer", "head", "evict_pos", "proposal", "ratio", "method", "tau"]
+    assert rec.height == rec.unique(subset=keys).height
+    taus = set(rec.filter(pl.col("method") == "corrected")["tau"].to_list())
+    assert taus == (set() if extra == ["--taus", "inf"] else {1.0})
+    assert set(rec["method"]) == ({"topk", "sampled"} if extra == ["--taus", "inf"] else {"topk", "sampled", "corrected"})
+    assert (tmp_path / "o" / "report.md").exists()
+
+
+def test_study_rerun_replaces_the_whole_output_and_a_failed_run_changes_nothing(tiny_rows, tmp_path, monkeypatch):
+    from forcedweight.probabilistic import study_outputs as so
+
+    out = tmp_path / "study"
+    cfg = StudyConfig(compression_ratios=(0.5,), taus=(1.0,), seeds=2, proposals=("h2o",))
+    run_study(tiny_rows, out, cfg, command="first", progress=False)
+    (out / "user-notes.txt").write_text("mine")  # not the study's: kept
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    # a run that fails after writing its tables (the figures raise) leaves every file as it was
+    def boom(*a, **k):
+        raise RuntimeError("figures failed")
+
+    monkeypatch.setattr(so, "figures", boom)
+    with pytest.raises(RuntimeError):
+        run_study(tiny_rows, out, dataclasses.replace(cfg, seeds=3), command="second", progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".staging-")]
+    monkeypatch.undo()
+    # a rerun whose outputs differ: the old report is replaced, a stale table of the old run removed
+    (out / "compression.csv").write_text("stale")
+    monkeypatch.setattr(so, "compression_summary", lambda comp: comp.head(0))  # no compression table now
+    run_study(tiny_rows, out, cfg, command="third", progress=False)
+    assert "Command: `third`" in (out / "report.md").read_text()
+    assert not (out / "compression.csv").exists() and not (out / "compression.parquet").exists()
+    assert (out / "user-notes.txt").read_text() == "mine"
+
+
+def test_disk_full_inside_a_staged_write_is_one_line(tiny_rows, tmp_path, monkeypatch):
+    import errno
+
+    import forcedweight.probabilistic.study_outputs as so
+
+    def full(df, out, stem):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / f"{stem}.parquet"))
+
+    monkeypatch.setattr(so, "write_frame", full)
+    cfg = StudyConfig(compression_ratios=(0.5,), taus=(1.0,), seeds=2, proposals=("h2o",))
+    with pytest.raises(InputError, match="no space left on device"):
+        run_study(tiny_rows, tmp_path / "o", cfg, progress=False)
+    assert [p.name for p in (tmp_path / "o").iterdir()] == []
