@@ -300,7 +300,10 @@ def save_tiny_gguf(path: str | os.PathLike, family: str, seed: int = 0) -> Path:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         value = head_dim if key == "rope.dimension_count" else getattr(cfg, attr, None) if attr else None
         if key == "rope.freq_base":
-            value = cfg.rope_parameters["rope_theta"]
+            # transformers >= 5 keeps it in rope_parameters, 4.57 as rope_theta (models.py stays torch-free,
+            # so this one version difference is read here rather than through forcedweight.compat)
+            rope = getattr(cfg, "rope_parameters", None)
+            value = float(rope["rope_theta"] if rope else cfg.rope_theta)
         if value is None or key == "vocab_size":
             continue
         (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(f"{arch}.{key}", value)

@@ -36,7 +36,7 @@ ATTENTION_NAME = "forcedweight_masked"
 _KEEP: contextvars.ContextVar[list | None] = contextvars.ContextVar("forcedweight_masked_keep", default=None)
 
 
-def masked_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def masked_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """SDPA attention with a bottom-right causal mask and, when masks are active, ``-inf`` on the
     context entries the query's KV head evicted.
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from forcedweight.compat import cache_kwargs
 from forcedweight.deploy.tasks import CONTINUATION_TASK
 
 
@@ -87,14 +88,14 @@ def greedy_answer(model, cache, question: torch.Tensor, context_length: int, max
     device = next(model.parameters()).device
     question = question.to(device)
     pos = torch.arange(context_length, context_length + question.shape[1], device=device)[None]
-    out = model(input_ids=question, cache=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=question, position_ids=pos, use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
     stop = eos_ids(model)
     ids = [int(out.logits[0, -1].argmax())]
     nxt = int(pos[0, -1]) + 1
     for i in range(max_new_tokens - 1):
         if ids[-1] in stop:
             break
-        out = model(input_ids=torch.tensor([[ids[-1]]], device=device), cache=cache,
+        out = model(input_ids=torch.tensor([[ids[-1]]], device=device), **cache_kwargs(cache),
                     position_ids=torch.tensor([[nxt + i]], device=device), use_cache=True)
         ids.append(int(out.logits[0, -1].argmax()))
     return ids
@@ -112,6 +113,6 @@ def continuation_nll(model, cache, logits_last: torch.Tensor, continuation: torc
     if cont.numel() > 1:
         feed = cont[:-1][None]
         pos = torch.arange(context_length, context_length + feed.shape[1], device=device)[None]
-        out = model(input_ids=feed, cache=cache, position_ids=pos, use_cache=True)
+        out = model(input_ids=feed, position_ids=pos, use_cache=True, **cache_kwargs(cache))
         nll.append(F.cross_entropy(out.logits[0].float(), cont[1:], reduction="sum"))
     return float(sum(nll)) / int(cont.numel())

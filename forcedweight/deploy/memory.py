@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from forcedweight.compat import cache_kwargs
 from forcedweight.deploy.audit.memory import dense_tensors, keep_mask
 from forcedweight.deploy.ragged_cache import RaggedKVCache, physical_bytes
 from forcedweight.errors import InputError
@@ -98,7 +99,7 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None,
     ids = torch.randint(0, vocab, (batch, tokens), generator=g).to(lm.device)
     dense = DynamicCache(config=lm.config)
     with torch.no_grad():
-        lm(input_ids=ids, cache=dense, use_cache=True)
+        lm(input_ids=ids, use_cache=True, **cache_kwargs(dense))
     layers = len(dense.layers)
     B, Hkv, N, D = dense.layers[0].keys.shape
     full_tensors = dense_tensors(dense)

@@ -25,6 +25,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from forcedweight.compat import cache_kwargs
 from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.errors import InputError
 
@@ -41,7 +42,7 @@ def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
     return torch.arange(k_len, device=device)[None, :] <= rows
 
 
-def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def prefill_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention function of the ``AttentionInterface``: report ``query``/``key``/``value`` to the active
     callback, then return transformers' SDPA attention (shapes (B, H, T, d)).
 
@@ -217,7 +218,7 @@ def prefill_context(model, tokenizer, context_ids: torch.Tensor) -> Prefill:
 
     cache = DynamicCache(config=model.config)
     with capturing_attention(model, record), torch.inference_mode():
-        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
     missing = [i for i, q in enumerate(queries) if q is None]
     if missing:
         raise InputError(

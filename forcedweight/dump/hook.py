@@ -209,8 +209,8 @@ def capture_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,  # transformers' order (kvpress's patch passes dropout positionally)
     scaling: float | None = None,
-    dropout: float = 0.0,
     **kwargs,
 ):
     """Attention function of the ``AttentionInterface`` (shapes (B, H, T, d), B must be 1)."""

@@ -107,7 +107,7 @@ def choose(method: str, p: np.ndarray, V: np.ndarray, s: int, solver: str = "bnb
     raise InputError(f"ceiling: unknown selection {method!r} (known: {', '.join(SELECTIONS)})")
 
 
-def ceiling_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def ceiling_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention function: SDPA, then the restricted rows of the chosen layers replaced by their
     forced-weight outputs (module docstring). query (B=1, Hq, L, D); key / value (1, Hkv, T, D)."""
     out, weights = prefill_attention(module, query, key, value, attention_mask, scaling=scaling,

@@ -146,6 +146,13 @@ class KvpressPolicy(Policy):
             self.press.post_init_from_model(model)
         handles = [m.register_forward_hook(lambda mod, a, k, o, i=i: hook(mod, a, k, o, i), with_kwargs=True)
                    for i, m in enumerate(modules)]
+        # kvpress's press(model) gives every attention module the decoder's rotary embedding
+        # (ExpectedAttentionPress reads module.rotary_emb); do the same for the pass, then undo it
+        rotary = getattr(getattr(getattr(model, "model", model), "language_model", getattr(model, "model", model)),
+                         "rotary_emb", None)
+        lent = [m for m in modules if rotary is not None and "rotary_emb" not in m._modules and not hasattr(m, "rotary_emb")]
+        for m in lent:
+            m.rotary_emb = rotary
         body = getattr(model, "base_model", model)
         t0 = time.perf_counter()
         torch.manual_seed(self.seed)
@@ -155,6 +162,8 @@ class KvpressPolicy(Policy):
         finally:
             for h in handles:
                 h.remove()
+            for m in lent:
+                del m.rotary_emb
         self.last_cost = {"seconds": time.perf_counter() - t0, "forward_tokens": int(prefill.n_tokens)}
         missing = [i for i, s in enumerate(out) if s is None]
         if missing:

@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from forcedweight.compat import cache_kwargs
 from forcedweight.deploy.policies.base import Policy
 from forcedweight.deploy.prefill import capturing_attention, copy_dense_cache
 from forcedweight.errors import InputError
@@ -126,7 +127,7 @@ class KVzipPolicy(Policy):
         with capturing_attention(model, record), torch.inference_mode():
             for chunk, repeat in reconstruction_inputs(tok, ids[:, prefix:], self.chunk_size):
                 state["end"] = state["start"] + chunk.shape[1]
-                body(input_ids=repeat.to(ids.device), cache=cache, use_cache=True)
+                body(input_ids=repeat.to(ids.device), use_cache=True, **cache_kwargs(cache))
                 cache.crop(-repeat.shape[1])  # back to the N context entries
                 tokens += repeat.shape[1]
                 state["start"] = state["end"]
