@@ -176,6 +176,12 @@ def test_resume_after_kill_equals_uninterrupted(tasks_file, model_dir, tmp_path)
     assert sum(r["decode_s"] == -1.0 for r in got) == 2 * (1 + 2 * 2 * 2)
     assert _strip(got) == _strip(_rows(ref))
     assert not (out / ".results.parquet.parts").exists()
+    # a finished run with one more method: the earlier rows are reused, only the new method runs
+    more = _run_sub(args[:5] + ["none,knorm,random,streaming_llm"] + args[6:] + ["--out", out])
+    assert more.returncode == 0, more.stderr
+    got2 = _rows(out / "results.parquet")
+    assert sum(r["decode_s"] == -1.0 for r in got2) == 2 * (1 + 2 * 2 * 2)
+    assert len(got2) == 5 * (1 + 3 * 2 * 2) and _strip([r for r in got2 if r["policy"] != "streaming_llm"]) == _strip(got)
 
 
 def test_bad_inputs_exit_2_and_write_nothing(tasks_file, model_dir, tmp_path):
