@@ -26,6 +26,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.compat import cache_kwargs
+from forcedweight.deploy.features import refuse_unsupported
 from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.errors import InputError
 
@@ -50,6 +51,7 @@ def prefill_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     mask is passed, so reconstruction passes over a cache attend exactly as a plain causal model.
     """
     cb = _ACTIVE.get()
+    refuse_unsupported(module, kwargs, key.shape[2], "the context prefill")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if cb is not None:
