@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="seed of the real-row sample")
     ap.add_argument("--csv", type=str, default=None, help="write per-row results here")
     ap.add_argument("--node-limit", type=int, default=None, help="bnb node limit (deterministic stop)")
+    ap.add_argument("--relax-iters", type=int, default=None,
+                    help="bnb relaxation-bound FISTA steps on open nodes (0 = off; default: the solver's)")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",")]
     real = real_rows(args.real, ns, args.rows, args.s, args.seed) if args.real else None
@@ -106,6 +108,8 @@ def main():
                 for (p, V), (v0, S0), rid in list(zip(data, starts, rids))[:k]:
                     t = time.perf_counter()
                     kw = {"node_limit": args.node_limit} if name == "bnb" and args.node_limit else {}
+                    if name == "bnb" and args.relax_iters is not None:
+                        kw["relax_iters"] = args.relax_iters
                     r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit, **kw)
                     dt = time.perf_counter() - t
                     secs.append(dt)

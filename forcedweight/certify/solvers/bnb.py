@@ -42,6 +42,7 @@ from numba import njit
 
 from forcedweight.core import operator as op
 from forcedweight.core.swaps import swap_search
+from forcedweight.certify.solvers.bounds import RELAX_ITERS, relax_bound
 from forcedweight.certify.solvers.result import SolverResult
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -309,12 +310,15 @@ def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, to
 
 
 @njit(cache=True)
-def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters):
+def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters,
+                     relax_iters):
     """min over the first-level nodes ``T = {k}`` (k >= k_from, the rest from keys > k) of their
     proved bounds, capped at ``top``: a bound over every set whose first key is >= k_from.
 
     Visited from the last k down (light keys first: their bounds are usually the smallest, so
-    few nodes need a bisection below the running minimum).
+    few nodes need a bisection below the running minimum). A node whose tests prove less than
+    the running minimum also gets the relaxation bound (``bounds.relax_bound``, ``relax_iters``
+    FISTA steps; 0 = off), and keeps the larger.
     """
     N, d = A.shape
     ys1 = np.zeros((2, d))
@@ -345,24 +349,29 @@ def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma,
             continue
         v = _node_value(1, k + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
                         gamma, g, buf, bidx, yv, gv, h, iters)
+        if v < cur and relax_iters > 0:
+            v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur, relax_iters))
         cur = min(cur, v)
     return max(cur, 0.0)
 
 
 @njit(cache=True)
 def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma,
-                iters):
+                iters, relax_iters):
     """Proved lower bound on E over the unexplored part of a stopped search (<= best).
 
     The open frontier of the depth-first search is the current node (t_cur, idx[t_cur]) and, for
     each level t < t_cur, the exclusion branch (t, idx[t] + 1). Level 0 (T empty: no projection
     bound) is covered by its first-level children ``T = {k}``; every deeper open node lies inside
     the first-level node ``{idx[0]}``, so its bound is the larger of its own and that node's.
+    Each node's bound is the larger of its tests' and the relaxation's (``relax_iters``, 0 = off).
     """
     N, d = A.shape
     if t_cur == 0:
-        return _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0], best, gamma, iters)
-    rest = _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0] + 1, best, gamma, iters)
+        return _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0], best, gamma, iters,
+                                relax_iters)
+    rest = _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0] + 1, best, gamma, iters,
+                            relax_iters)
     g = np.empty(N)
     buf = np.empty(s)
     bidx = np.zeros(s, np.int64)
@@ -372,8 +381,11 @@ def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     path = best
     for t in range(1, t_cur + 1):
         k = idx[t] + (1 if t < t_cur else 0)
-        path = min(path, _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
-                                     path, gamma, g, buf, bidx, yv, gv, h, iters))
+        v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, path, gamma, g,
+                        buf, bidx, yv, gv, h, iters)
+        if v < path and relax_iters > 0 and N - k >= s - t:
+            v = max(v, relax_bound(ys[t], ws[t], A, pw, nrm, k, s - t, path, relax_iters))
+        path = min(path, v)
     # the first-level node {idx[0]} holds every deeper open node
     ys1 = np.zeros((2, d))
     ws1 = np.zeros(2)
@@ -388,12 +400,14 @@ def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         cs1[1, kk] = G[k0, kk]
     first = _node_value(1, k0 + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
                         gamma, g, buf, bidx, yv, gv, h, iters)
+    if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
+        first = max(first, relax_bound(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
     return max(min(rest, max(path, first)), 0.0)
 
 
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
-              A=None) -> SolverResult:
+              A=None, relax_iters: int = RELAX_ITERS) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -409,6 +423,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         ``operator.centred_contributions(p, V)``: with the rows of a key subset (a pool) and the
         ``mu`` of the FULL row, the search is the exact optimum over that subset
         (``E(S) = ||sum_S a_i|| / p(S)``; ``V`` is then unused and ``value`` is computed from A).
+    relax_iters : FISTA steps of the relaxation bound (``bounds.relax_bound``) on the open nodes
+        of a stopped search whose tests prove less (0 = off; only the bound changes, not the search).
 
     Returns
     -------
@@ -484,7 +500,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         lb = value
     else:
         lb = float(_open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
-                               bs, cs, best[0], gamma, BOUND_ITERS))
+                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters)))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
@@ -518,7 +534,7 @@ def _prepared(A_keys, p, order, s):
     return A, pw, nrm, G, lo, hi, use_box, kappa, gamma, cum
 
 
-def root_bound(p, V, s: int, A=None) -> float:
+def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS) -> float:
     """The proved bound of the search before any node: min over the first-level nodes ``{k}``.
 
     ``solve_bnb``'s ``lower_bound`` on a stopped search is never below it. Arrays as in
@@ -532,4 +548,5 @@ def root_bound(p, V, s: int, A=None) -> float:
     e_top = float(np.linalg.norm(A_keys[top].sum(axis=0)) / p[top].sum()) if p[top].sum() > 0 else np.inf
     if s == p.shape[0]:
         return e_top
-    return float(_first_level_min(A_, pw, cum, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS))
+    return float(_first_level_min(A_, pw, cum, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS,
+                                  int(relax_iters)))
