@@ -33,7 +33,7 @@ from forcedweight.errors import InputError
 NIAH_TEMPLATE = ("Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "
                  "I will quiz you about the {type_v} afterwards.\n{context}\n")
 NIAH_QUESTION = "What are all the special magic {type_v} for {query} mentioned in the provided text?"
-NIAH_PREFIX = " The special magic {type_v} for {query} mentioned in the provided text are"
+NIAH_PREFIX = "The special magic {type_v} for {query} mentioned in the provided text are"
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
 
 
@@ -121,13 +121,22 @@ def niah(kind: str, size: int, rng: random.Random) -> dict:
     queries = keys[: cfg.num_q]
     answers = [v for vs in values[: cfg.num_q] for v in vs]
     query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+    template, question, prefix, type_v = NIAH_TEMPLATE, NIAH_QUESTION, NIAH_PREFIX, cfg.type_v
+    if cfg.num_q * cfg.num_v == 1:  # RULER's singular wording for one asked value (the needles stay plural)
+        template, question, prefix = (_singular(t) for t in (template, question, prefix))
+        type_v = type_v[:-1]
     return {
-        "context": NIAH_TEMPLATE.format(type_v=cfg.type_v, context=context),
-        "question": NIAH_QUESTION.format(type_v=cfg.type_v, query=query),
-        "answer_prefix": NIAH_PREFIX.format(type_v=cfg.type_v, query=query),
+        "context": template.format(type_v=type_v, context=context),
+        "question": question.format(type_v=type_v, query=query),
+        "answer_prefix": prefix.format(type_v=type_v, query=query),
         "answer": answers,
         "max_new_tokens": MAX_NEW_TOKENS["niah"],
     }
+
+
+def _singular(template: str) -> str:
+    """RULER's replacements for a single asked value: Some -> A, are all -> is, are -> is."""
+    return template.replace("Some", "A").replace("are all", "is").replace("are", "is")
 
 
 def _var(rng: random.Random, used: set) -> str:
@@ -149,7 +158,7 @@ def variable_tracking(size: int, rng: random.Random, hops: int = 4) -> dict:
         "context": ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
                     f"{context}\n"),
         "question": f"Question: Find all variables that are assigned the value {value} in the text above.",
-        "answer_prefix": (" Answer: According to the chain(s) of variable assignment in the text above, "
+        "answer_prefix": ("Answer: According to the chain(s) of variable assignment in the text above, "
                           f"{hops + 1} variables are assigned the value {value}, they are: "),
         "answer": names,
         "max_new_tokens": MAX_NEW_TOKENS["vt"],
@@ -170,7 +179,7 @@ def common_words(size: int, rng: random.Random, num_cw: int = 10, freq_cw: int =
         "context": ("Below is a numbered list of words. In these words, some appear more often than others. "
                     f"Memorize the ones that appear most often.\n{context}\n"),
         "question": f"Question: What are the {num_cw} most common words in the above list?",
-        "answer_prefix": f" Answer: The top {num_cw} words that appear most often in the list are:",
+        "answer_prefix": f"Answer: The top {num_cw} words that appear most often in the list are:",
         "answer": common,
         "max_new_tokens": MAX_NEW_TOKENS["cwe"],
     }
@@ -197,7 +206,7 @@ def frequent_words(size: int, rng: random.Random, alpha: float = 2.0, vocab: int
                     f"most frequently appeared coded words. {context}\n"),
         "question": ("Question: Do not provide any explanation. Please ignore the dots '....'. What are the three "
                      "most frequently appeared words in the above coded text?"),
-        "answer_prefix": " Answer: According to the coded text above, the three most frequently appeared words are:",
+        "answer_prefix": "Answer: According to the coded text above, the three most frequently appeared words are:",
         "answer": coded[:top],
         "max_new_tokens": MAX_NEW_TOKENS["fwe"],
     }
