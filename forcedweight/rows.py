@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import list_parquet_files, open_parquet
+from forcedweight.io import list_parquet_files, open_parquet, read_guard
 
 REQUIRED_COLUMNS = ("weights", "values", "value_dim")
 PROVENANCE_COLUMNS = ("model", "text_id", "layer", "head", "kv_head", "query_pos", "n_keys")
@@ -29,6 +29,10 @@ ARRAY_COLUMNS = ("logits", "keys", "query")
 # then holds keys query_pos - n_keys + 1 .. query_pos), and the learned sink's share of the model's
 # softmax (gpt-oss; the row's weights are renormalised over its keys).
 OPTIONAL_PROVENANCE_COLUMNS = ("window", "sink_mass")
+
+
+#: the largest |value| accepted: squared distances summed over dims must stay below 1.8e308
+MAX_VALUE = 1e150
 
 
 def row_schema(weights_type: pa.DataType = pa.float32(), with_keys: bool = False) -> pa.Schema:
@@ -137,15 +141,24 @@ def validate_row(weights: Any, values: Any, value_dim: Any, row_id: int, source:
         raise RowError(row_id, "weights contain NaN or inf", source)
     if np.any(p < 0):
         raise RowError(row_id, f"weights contain a negative value (min {p.min():.3g})", source)
-    total = p.sum()
-    if not total > 0:
+    peak = p.max()
+    if not peak > 0:
         raise RowError(row_id, "weights are all zero", source)
+    # divide by the largest weight before summing: weights near the float64 maximum (1e308) would
+    # overflow their sum to inf; p / peak is exact to one rounding and the sum of N <= 2^53 terms in
+    # [0, 1] is finite, so the renormalised row is the same as for any common scale of the weights
+    p = p / peak
+    total = p.sum()
     if v.shape[0] != n * d:
         raise RowError(
             row_id, f"values has length {v.shape[0]}, expected N*value_dim = {n}*{d} = {n * d}", source
         )
     if not np.all(np.isfinite(v)):
         raise RowError(row_id, "values contain NaN or inf", source)
+    big = np.abs(v).max(initial=0.0)
+    if big > MAX_VALUE:
+        raise RowError(row_id, f"values reach {big:.3g}; beyond ±{MAX_VALUE:g} the squared distances of the "
+                       "operator overflow float64 (rescale the values)", source)
     return p / total, v.reshape(n, d)
 
 
@@ -202,7 +215,8 @@ def iter_batches(
         check_columns(file, pf.schema_arrow, required)
         cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
         for rg in range(pf.num_row_groups):
-            batch_table = pf.read_row_group(rg, columns=cols)
+            with read_guard(file):
+                batch_table = pf.read_row_group(rg, columns=cols)
             for batch in batch_table.to_batches():
                 yield file, position, batch
                 position += batch.num_rows
@@ -268,5 +282,6 @@ def read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) ->
     for file in list_parquet_files(path):
         pf = open_parquet(file)
         cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
-        tables.append(pf.read(columns=cols))
+        with read_guard(file):
+            tables.append(pf.read(columns=cols))
     return pa.concat_tables(tables, promote_options="default")

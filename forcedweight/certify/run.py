@@ -99,11 +99,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     names = batch.schema.names
     for name in ("weights", "values", "keys", "query"):
         _check_list_type(source, batch.schema, name)
-    if "row_id" in names:
-        ids = batch.column("row_id").to_numpy(zero_copy_only=False)
-        ids = np.where(_isnull(ids), np.arange(start, start + n), ids).astype(np.int64)
-    else:
-        ids = np.arange(start, start + n, dtype=np.int64)
+    ids = batch_ids(batch, start)
     w = batch.column("weights")
     wl = _lengths(w)
     wf, wr = _flat(w, wl)
@@ -123,6 +119,8 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     bad |= np.bincount(wr[fin_w & (wf < 0)], minlength=n) > 0
     bad |= ~(np.bincount(wr, weights=np.where(fin_w, wf, 0.0), minlength=n) > 0)
     bad |= np.bincount(vr[~np.isfinite(vf)], minlength=n) > 0
+    with np.errstate(invalid="ignore"):
+        bad |= np.bincount(vr[np.abs(vf) > rows.MAX_VALUE], minlength=n) > 0
     key_reason: dict[int, str] = {}
     if "keys" in names:
         kl = _lengths(batch.column("keys"))
@@ -174,13 +172,50 @@ def validate_input(path, s_values: Sequence[int], skip_invalid: bool) -> tuple[i
     ``RowError`` (naming row and file); missing/unreadable files raise ``InputError``.
     """
     total = bad = 0
+    seen: list[np.ndarray] = []
+    files: list[tuple[int, Path]] = []
     for file, start, batch in rows.iter_batches(path, columns=_CHECK_COLUMNS):
         total += batch.num_rows
+        seen.append(batch_ids(batch, start))
+        files.append((start, file))
         for rid, s, reason in check_batch(batch, start, file, s_values):
             if not skip_invalid:
                 raise RowError(rid, reason, str(file))
             bad += len(s_values) if s is None else 1
+    check_unique_ids(seen, files)
     return total, bad
+
+
+def batch_ids(batch: pa.RecordBatch, start: int) -> np.ndarray:
+    """The row ids of a batch, shape (n,) int64: ``row_id``, or the global position where it is null/absent."""
+    n = batch.num_rows
+    if "row_id" not in batch.schema.names:
+        return np.arange(start, start + n, dtype=np.int64)
+    ids = batch.column("row_id").to_numpy(zero_copy_only=False)
+    return np.where(_isnull(ids), np.arange(start, start + n), ids).astype(np.int64)
+
+
+def check_unique_ids(seen: list[np.ndarray], files: list[tuple[int, Path]]) -> None:
+    """Refuse an input where two rows share a row id (outputs are keyed by (row_id, s)).
+
+    ``seen`` holds each batch's ids, ``files`` each batch's (first position, file). A null ``row_id``
+    stands for the row's position, so it collides with an explicit id equal to that position.
+    """
+    if not seen:
+        return
+    ids = np.concatenate(seen)
+    order = np.argsort(ids, kind="stable")
+    dup = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if dup.size == 0:
+        return
+    first, second = int(order[dup[0]]), int(order[dup[0] + 1])
+    starts = np.array([s for s, _ in files])
+
+    def where(pos: int) -> str:
+        return f"{files[int(np.searchsorted(starts, pos, side='right')) - 1][1]} position {pos}"
+
+    raise InputError(f"row_id {int(ids[first])} appears more than once ({where(first)} and {where(second)}; "
+                     "a null row_id stands for its position); give every row a distinct row_id")
 
 
 # ------------------------------------------------------------------------------------------
@@ -349,6 +384,10 @@ def _check_paths(path, out: Path) -> None:
     fio.check_output_file(out)  # an unwritable destination fails now, not after the work
 
 
+#: the largest --s accepted: more keys than any row can hold in memory
+MAX_BUDGET = 2**40
+
+
 def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, workers: int = 1,
                 scheduler: str | None = None, skip_invalid: bool = False, progress: bool = True,
                 chunk_rows: int = 64, allow_incomplete: bool = False) -> Path:
@@ -373,6 +412,8 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
         raise InputError("--s: give at least one budget")
     if s_values[0] < 1:
         raise InputError(f"--s {s_values[0]}: a budget must be >= 1")
+    if s_values[-1] > MAX_BUDGET:  # no row has 2^40 keys; beyond int64 the budget cannot even be stored
+        raise InputError(f"--s {s_values[-1]}: a budget must be <= {MAX_BUDGET} (no row has more keys)")
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
     if chunk_rows < 1:
