@@ -70,6 +70,21 @@ def open_parquet(path: Path) -> pq.ParquetFile:
         raise InputError(f"{path}: not a readable Parquet file ({first})") from None
 
 
+@contextlib.contextmanager
+def read_guard(path: str | os.PathLike):
+    """Turn a failed read of ``path`` (corrupt pages under an intact footer, a truncated file, an
+    I/O error) into one InputError naming it; used around every read of an input's data."""
+    import polars as pl
+
+    try:
+        yield
+    except InputError:
+        raise
+    except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise InputError(f"{path}: unreadable Parquet data ({first})") from None
+
+
 def find_manifest(path: str | os.PathLike) -> Path | None:
     """The ``manifest.json`` of the dump that ``path`` (a rows file or directory) belongs to, if any.
 

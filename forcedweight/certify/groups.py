@@ -34,7 +34,7 @@ import pyarrow as pa
 from forcedweight.certify.pool import MAX_SUBSETS, pool_best
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import check_dump_complete, check_output_file, list_parquet_files, open_parquet, output_lock, write_table_atomic
+from forcedweight.io import check_dump_complete, check_output_file, list_parquet_files, open_parquet, output_lock, read_guard, write_table_atomic
 from forcedweight.rows import Row, iter_batches, rows_from_batch
 from forcedweight.core.stats import selector_ratio
 
@@ -128,7 +128,8 @@ def _group_sizes(path) -> dict[tuple, int]:
         if "model" not in cols:
             lf = lf.with_columns(pl.lit("").alias("model"))
         frames.append(lf.select(pl.col("model").cast(pl.Utf8).fill_null(""), *[pl.col(c).cast(pl.Int64) for c in GROUP_KEY[1:]]))
-    df = pl.concat(frames).group_by(list(GROUP_KEY)).len().collect()
+    with read_guard(path):
+        df = pl.concat(frames).group_by(list(GROUP_KEY)).len().collect()
     return {tuple(r[:-1]): r[-1] for r in df.iter_rows()}
 
 

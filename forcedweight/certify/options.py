@@ -71,6 +71,10 @@ def run_solver(name: str, p: np.ndarray, V: np.ndarray, s: int, incumbent: np.nd
     return solve(p, V, s, incumbent, time_limit, node_limit)
 
 
+#: the largest --time-limit accepted (seconds; about 31 years)
+MAX_TIME_LIMIT = 1e9
+
+
 @dataclass(frozen=True)
 class CertifyOptions:
     """Settings of the certification of one (row, s).
@@ -113,6 +117,8 @@ class CertifyOptions:
             raise InputError(f"--pool-error must be >= 0, got {self.pool_error}")
         if not self.time_limit > 0 or not math.isfinite(self.time_limit):
             raise InputError(f"--time-limit must be a positive number of seconds, got {self.time_limit}")
+        if self.time_limit > MAX_TIME_LIMIT:  # SCIP refuses limits above 1e20; no run needs 30 years
+            raise InputError(f"--time-limit {self.time_limit:g} exceeds the largest limit, {MAX_TIME_LIMIT:g} s (about 31 years)")
         if self.max_subsets < 1:
             raise InputError(f"--max-subsets must be >= 1, got {self.max_subsets}")
         if self.node_limit is not None and self.node_limit < 1:

@@ -6,8 +6,10 @@ bad input raised as ``InputError`` becomes one ``error:`` line and exit code 2, 
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+from pathlib import Path
 
 # The analysis makes many small LAPACK calls (SVDs of a few dozen rows); a pool of BLAS threads
 # per call only adds contention. Set before NumPy loads; a user's explicit setting wins.
@@ -21,12 +23,26 @@ import typer  # noqa: E402
 
 from forcedweight.cli import audit, certify, contourkv, dump, evaluate, groups, instances, memory, pipeline, probabilistic, report, tasks  # noqa: E402
 from forcedweight.errors import InputError  # noqa: E402
+from forcedweight.io import os_error  # noqa: E402
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Capture attention rows, certify the best kept subsets under forced weights, report, deploy.",
 )
+
+
+def check_paths(kwargs: dict) -> None:
+    """Refuse a path argument that is not valid UTF-8 (Arrow and Parquet cannot name such a file)."""
+    for name, value in kwargs.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, Path):
+                try:
+                    os.fsencode(v).decode("utf-8")
+                except UnicodeDecodeError:
+                    shown = os.fsencode(v).decode("utf-8", errors="replace")
+                    raise InputError(f"{shown}: path of {name} is not valid UTF-8; "
+                                     "rename it or use another path") from None
 
 
 def _one_line_errors(command):
@@ -39,9 +55,15 @@ def _one_line_errors(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            check_paths(kwargs)
             return command(*args, **kwargs)
         except InputError as exc:
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            typer.echo(f"error: {os_error(exc)}", err=True)  # disk full: one line naming the path
             raise typer.Exit(2) from None
 
     return wrapper

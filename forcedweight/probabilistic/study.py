@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from forcedweight.core.operator import top_s
 from forcedweight.dump import builtin_texts, dump_rows
 from forcedweight.errors import InputError
-from forcedweight.io import check_dump_complete, list_parquet_files, output_lock, progress as progress_bar, staged_outputs
+from forcedweight.io import check_dump_complete, list_parquet_files, output_lock, progress as progress_bar, read_guard, staged_outputs
 from forcedweight.probabilistic import study_outputs as so
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
 from forcedweight.probabilistic.proposals import PROPOSALS, gqa_mixture, make_proposal
@@ -144,7 +144,8 @@ def _read_values(file: Path, trajs: dict[tuple, Trajectory]) -> None:
                for (t, l), L in lengths.items()]
     names = pq.ParquetFile(file).schema_arrow.names
     cols = [c for c in _META + ["values", "value_dim", "keys"] if c in names]
-    table = pq.read_table(file, columns=cols, filters=filters)
+    with read_guard(file):
+        table = pq.read_table(file, columns=cols, filters=filters)
     meta = {c: table.column(c).to_numpy().astype(np.int64) for c in _META + ["value_dim"]}
     for i in range(table.num_rows):
         tr = trajs[(meta["text_id"][i], meta["layer"][i], meta["kv_head"][i])]

@@ -9,7 +9,7 @@
 - ``figures/<name>.png`` and ``.pdf`` (see ``forcedweight.report.figures``);
 - ``report.md`` with the headline numbers pooled per (model, s) and the command that ran.
 
-Every write is atomic. Statistics that are undefined for a small family are ``NaN`` with a
+Every write is atomic, and the whole report is staged and moved into place together. Statistics that are undefined for a small family are ``NaN`` with a
 ``note``; unusable input (missing file, empty results, columns of another tool) raises
 ``InputError`` before anything is written.
 """
@@ -20,11 +20,15 @@ import os
 from pathlib import Path
 
 from forcedweight.errors import InputError
-from forcedweight.io import atomic_path, command_line
+from forcedweight.io import atomic_path, command_line, staged_outputs
 from forcedweight.report import figures
 from forcedweight.report.markdown import render_markdown
 from forcedweight.report.metrics import load_groups, load_results
 from forcedweight.report.tables import compute_tables, group_summary, write_table
+
+
+#: what a report writes into its directory (a rebuild replaces all of it at once)
+REPORT_OUTPUTS = ("tables", "figures", "report.md")
 
 
 def build_report(
@@ -62,20 +66,20 @@ def build_report(
         tables["groups"] = group_summary(gdf, n_boot, seed)
 
     out = Path(out_dir)
-    tdir, fdir = out / "tables", out / "figures"
-    for d in (tdir, fdir):
-        try:
+    # the whole report (tables/, figures/, report.md) is staged and moved into place at once: a
+    # failure (a full disk) leaves the previous report as it was, never tables without figures
+    with staged_outputs(out, owned=REPORT_OUTPUTS) as stage:
+        tdir, fdir = stage / "tables", stage / "figures"
+        for d in (tdir, fdir):
             d.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(f"--out: cannot create {d} ({exc.strerror or exc})") from None
-    written_tables = {name: write_table(t, tdir / name) for name, t in tables.items()}
-    written_figures = figures.write_all(df, tables, fdir, hard_threshold)
-    text = render_markdown(
-        tables, out, written_tables, written_figures, results_path, groups_path,
-        command or command_line(), hard_threshold, n_boot, seed,
-    )
+        written_tables = {name: write_table(t, tdir / name) for name, t in tables.items()}
+        written_figures = figures.write_all(df, tables, fdir, hard_threshold)
+        text = render_markdown(
+            tables, stage, written_tables, written_figures, results_path, groups_path,
+            command or command_line(), hard_threshold, n_boot, seed,
+        )
+        with atomic_path(stage / "report.md") as tmp:
+            Path(tmp).write_text(text)
     target = out / "report.md"
-    with atomic_path(target) as tmp:
-        Path(tmp).write_text(text)
     return target
 

@@ -16,7 +16,7 @@ import polars as pl
 
 from forcedweight.core import stats as st
 from forcedweight.errors import InputError
-from forcedweight.io import atomic_path, list_parquet_files, open_parquet, write_table_atomic
+from forcedweight.io import atomic_path, list_parquet_files, open_parquet, read_guard, write_table_atomic
 
 #: Columns of ``certify`` output that the report needs; missing ones mean another tool/version.
 REQUIRED_COLUMNS = (
@@ -63,7 +63,8 @@ def load_results(path: str | os.PathLike) -> pl.DataFrame:
         names = lf.collect_schema().names()
         sel = [c for c in names if c in REQUIRED_COLUMNS or c in FAMILY_COLUMNS or c.startswith("es_") or c in ("pi_best", "solver_improved", "n_keys", "text_id")]
         frames.append(lf.select(sel))
-    df = pl.concat(frames, how="diagonal_relaxed").collect()
+    with read_guard(path):
+        df = pl.concat(frames, how="diagonal_relaxed").collect()
     fill = {"model": pl.lit("unknown"), "layer": pl.lit(-1), "head": pl.lit(-1)}
     df = df.with_columns([fill[c].alias(c) for c in FAMILY_COLUMNS if c not in df.columns])
     floats = [c for c in df.columns if c.startswith("es_") or c in ("swaps", "lower_bound", "dropped_mass", "pi_top", "pi_best")]
@@ -128,7 +129,8 @@ def row_metrics(df: pl.DataFrame) -> dict[str, np.ndarray]:
 def load_groups(path: str | os.PathLike) -> pl.DataFrame:
     """Read ``forcedweight groups`` output (a file or a directory)."""
     files = _check_files(path, GROUP_COLUMNS, "forcedweight groups")
-    df = pl.concat([pl.scan_parquet(f).select(GROUP_COLUMNS) for f in files], how="vertical_relaxed").collect()
+    with read_guard(path):
+        df = pl.concat([pl.scan_parquet(f).select(GROUP_COLUMNS) for f in files], how="vertical_relaxed").collect()
     return df.with_columns(
         pl.col("model").cast(pl.Utf8), pl.col("s").cast(pl.Int64), pl.col("g").cast(pl.Int64),
         pl.col("cost_top").cast(pl.Float64), pl.col("cost_pool").cast(pl.Float64),

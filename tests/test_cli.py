@@ -1,0 +1,126 @@
+"""The CLI's exit contract on bad input (issue 16 item 6): one ``error:`` line, exit 2, nothing written."""
+
+import errno
+import os
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.certify.test_certify import _rec, _write
+
+
+def cli(monkeypatch, capsys, args):
+    """Run ``forcedweight ARGS`` in-process; return (exit code, stderr lines)."""
+    from forcedweight.cli import main
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["forcedweight", *map(str, args)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    return exc.value.code or 0, capsys.readouterr().err.strip().splitlines()
+
+
+def one_error(code, err, *words):
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:"), err
+    for w in words:
+        assert w in err[0], err
+
+
+def corrupt_pages(path):
+    """Flip bytes in the data pages, keeping the footer (and the magic) intact."""
+    b = bytearray(path.read_bytes())
+    footer = int.from_bytes(b[-8:-4], "little")
+    for i in range(8, len(b) - footer - 8, 7):
+        b[i] ^= 0x5A
+    path.write_bytes(bytes(b))
+    assert pq.ParquetFile(path).metadata.num_rows > 0  # the footer still reads
+
+
+@pytest.fixture()
+def rows_file(tmp_path):
+    return _write(tmp_path / "rows.parquet", [_rec(i, 10) for i in range(4)])
+
+
+def test_corrupt_data_pages_under_an_intact_footer(monkeypatch, capsys, tmp_path):
+    bad = _write(tmp_path / "bad.parquet", [_rec(i, 60) for i in range(20)])
+    corrupt_pages(bad)
+    code, err = cli(monkeypatch, capsys, ["certify", bad, "--s", 3, "--out", tmp_path / "o.parquet", "--no-progress"])
+    one_error(code, err, str(bad), "unreadable Parquet data")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_report_of_corrupt_results_and_disk_full_leave_nothing(monkeypatch, capsys, rows_file, tmp_path):
+    from forcedweight.certify import CertifyOptions, certify_file
+    from forcedweight.report import figures
+
+    res = certify_file(rows_file, tmp_path / "res.parquet", [3], CertifyOptions(time_limit=5.0), progress=False)
+    good = tmp_path / "good.parquet"
+    good.write_bytes(res.read_bytes())
+    corrupt_pages(res)
+    code, err = cli(monkeypatch, capsys, ["report", res, "--out", tmp_path / "rep"])
+    one_error(code, err, "unreadable Parquet data")
+    assert not (tmp_path / "rep").exists() or not any((tmp_path / "rep").iterdir())
+    # the disk fills while the figures are written: no tables/ without figures/, no report.md
+    real = figures.write_all
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "rep2" / "figures" / "x.png"))
+
+    monkeypatch.setattr(figures, "write_all", full)
+    code, err = cli(monkeypatch, capsys, ["report", good, "--out", tmp_path / "rep2"])
+    one_error(code, err, "no space left on device")
+    assert sorted(p.name for p in (tmp_path / "rep2").iterdir()) == []
+    monkeypatch.setattr(figures, "write_all", real)
+    code, err = cli(monkeypatch, capsys, ["report", good, "--out", tmp_path / "rep2"])
+    assert code == 0, err
+    assert {"tables", "figures", "report.md"} <= {p.name for p in (tmp_path / "rep2").iterdir()}
+
+
+def test_disk_full_while_certify_writes(monkeypatch, capsys, rows_file, tmp_path):
+    import forcedweight.io as fio
+
+    def full(table, target, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fio.pq, "write_table", full)
+    out = tmp_path / "o.parquet"
+    code, err = cli(monkeypatch, capsys, ["certify", rows_file, "--s", 3, "--out", out, "--no-progress"])
+    one_error(code, err, "no space left on device")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--s", 10**20, "--skip-invalid"], ["--s"]),
+    (["--s", 3, "--solver", "scip", "--time-limit", "1e300"], ["--time-limit"]),
+    (["--s", 3, "--time-limit", "inf"], ["--time-limit"]),
+])
+def test_out_of_range_options(monkeypatch, capsys, rows_file, tmp_path, args, words):
+    out = tmp_path / "o.parquet"
+    code, err = cli(monkeypatch, capsys, ["certify", rows_file, *args, "--out", out, "--no-progress"])
+    one_error(code, err, *words)
+    assert not out.exists()
+
+
+def test_huge_values_are_refused_naming_the_row(monkeypatch, capsys, tmp_path):
+    recs = [_rec(i, 8, keys=False) for i in range(3)]
+    recs[2]["values"] = np.where(np.arange(24) % 2, 1e160, -1e160)
+    bad = _write(tmp_path / "big.parquet", recs)
+    out = tmp_path / "o.parquet"
+    code, err = cli(monkeypatch, capsys, ["certify", bad, "--s", 3, "--out", out, "--no-progress"])
+    one_error(code, err, "row 2", "1e+160")
+    assert not out.exists()
+    # under --skip-invalid the row is recorded invalid, the others certified
+    code, err = cli(monkeypatch, capsys, ["certify", bad, "--s", 3, "--out", out, "--no-progress", "--skip-invalid"])
+    assert code == 0, err
+    t = pq.read_table(out).to_pylist()
+    assert [r["status"] for r in t][2] == "invalid" and all(r["status"] != "invalid" for r in t[:2])
+
+
+def test_a_non_utf8_path_is_one_line(monkeypatch, capsys, rows_file, tmp_path):
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/r\xff.parquet")
+    os.link(rows_file, odd)
+    code, err = cli(monkeypatch, capsys, ["certify", odd, "--s", 3, "--out", tmp_path / "o.parquet", "--no-progress"])
+    one_error(code, err, "not valid UTF-8")
+    assert not (tmp_path / "o.parquet").exists()
