@@ -10,7 +10,8 @@ with its own (true) query from its exact float64 softmax ``p`` and values ``V``:
 - ``balancing``: best-improvement 1-swaps from top-mass over all keys (``selectors.balancing``);
 - ``best``: the certified best forced-weight set of ``certify``'s solver
   (``certify.options.run_solver``, bnb by default, warm-started at balancing, ``time_limit`` seconds per
-  row; ``status`` = ``optimal`` when proved, else ``time_limit`` with the proved ``lower_bound``);
+  row; ``status`` as certify's: ``optimal`` when proved, else ``improved`` (better than the balancing
+  warm start) or ``unsolved``, with the proved ``lower_bound``);
 - ``targeted``: balancing only where top-mass drops more than ``threshold`` of the mass, else top-mass.
 
 The layer's output for that row is the forced-weight output ``m_S = sum_S p_i v_i / p(S)``: the
@@ -101,9 +102,13 @@ def choose(method: str, p: np.ndarray, V: np.ndarray, s: int, solver: str = "bnb
     if method == "best":
         start, _ = balancing(p, V, s)  # warm start: so E(best) <= E(balancing) <= E(top)
         res, _ = run_solver(solver, p, V, s, start, time_limit)
-        info["status"] = "optimal" if res.proved else "time_limit"
+        kept = np.sort(np.asarray(res.best_set, dtype=np.int64))
+        e_start = op.forced_error(p, V, start)
+        improved = op.forced_error(p, V, kept) < e_start * (1 - 1e-12)
+        # certify's vocabulary: optimal (proved), improved (beat the warm start), unsolved
+        info["status"] = "optimal" if res.proved else ("improved" if improved else "unsolved")
         info["lower_bound"] = float(res.lower_bound)
-        return np.sort(np.asarray(res.best_set, dtype=np.int64)), info
+        return kept, info
     raise InputError(f"ceiling: unknown selection {method!r} (known: {', '.join(SELECTIONS)})")
 
 

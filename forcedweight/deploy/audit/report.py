@@ -137,7 +137,7 @@ def write_report(out) -> Path:
             chk = step_check(steps)
             lines += ["", f"Per-row check over {chk['rows']} rows of the certified best set: "
                           f"{chk['violations']} rows with E(best) > E(top-mass); {chk['optimal']} proved optimal "
-                          "(the others hit the time limit; their bound is in ceiling_steps.parquet)."]
+                          "(the others stopped at the time limit; their proved lower bound is in ceiling_steps.parquet)."]
         lines += [""]
     path = out / "report.md"
     with fio.atomic_path(path) as tmp:
