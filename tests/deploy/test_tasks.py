@@ -72,6 +72,10 @@ def test_kind_structures(examples):
     assert all(uuid.match(e["answer"][0]) for e in by["niah_single_3"])
     assert all(re.fullmatch(r"\d{7}", e["answer"][0]) for e in by["niah_single_1"])
     assert all("The grass is green." in e["context"] for e in by["niah_single_1"])
+    # RULER's wording: singular when one value is asked, plural otherwise
+    assert all(e["question"].startswith("What is the special magic number for ") and
+               e["context"].startswith("A special magic number is hidden") for e in by["niah_single_2"])
+    assert all(e["question"].startswith("What are all the special magic numbers for ") for e in by["niah_multivalue"])
     assert all("The grass is green." not in e["context"] for e in by["niah_single_2"])
     # multikey: 4 needles in the text, one asked
     for e in by["niah_multikey_1"]:
