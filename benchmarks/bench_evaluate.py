@@ -71,6 +71,9 @@ def main() -> None:
             rec[f"{r['policy']}_evict_s"] = r["evict_s"]
             rec[f"{r['policy']}_decode_s"] = r["decode_s"]
             rec[f"{r['policy']}_scoring_x_prefill"] = r["scoring_s"] / none["prefill_s"]
+            cost = pols[r["policy"]].last_cost or {}
+            if "prefill_multiple" in cost:  # KVzip: reconstruction tokens forwarded / context tokens
+                rec[f"{r['policy']}_forward_tokens_x_context"] = float(cost["prefill_multiple"])
         records.append(rec)
         print(json.dumps(rec), flush=True)
     counted = records[1:] if len(records) > 1 else records
@@ -83,6 +86,9 @@ def main() -> None:
     print(f"harness none decode (question + answer):       {med['none_decode_s']:.2f} s")
     print("| policy | scoring s | x prefill | evict s | decode s | prefill + scoring + evict + decode s |")
     print("|---|---|---|---|---|---|")
+    for k in med:
+        if k.endswith("_forward_tokens_x_context"):
+            print(f"{k[:-len('_forward_tokens_x_context')]}: forwards {med[k]:.2f} x the context's tokens")
     for p in policies:
         total = med["prefill_s"] + med[f"{p}_scoring_s"] + med[f"{p}_evict_s"] + med[f"{p}_decode_s"]
         print(f"| {p} | {med[p + '_scoring_s']:.3f} | {med[p + '_scoring_x_prefill']:.2f} | "
