@@ -71,10 +71,18 @@ def invalid_record(row_id: int, s: int, reason: str, extra: dict | None = None, 
     return rec
 
 
+#: relative round-off level of E and EF (Wolfe's min-norm point is good to ~1e-13 of the scale)
+PI_FLOOR = 1e-13
+
+
 def penalty_ratio(e: float, ef: float, scale: float) -> float:
-    """``pi = E / EF``; an EF at round-off level (``<= 1e-10 * scale``, scale = the largest
-    ``||v_i - mu||``) counts as 0: ``inf`` when E is above that level, ``nan`` when both are."""
-    floor = 1e-10 * max(scale, 1e-300)
+    """``pi = E / EF``; an EF at round-off level (``<= PI_FLOOR * scale``, scale = the largest
+    ``||v_i - mu||``) counts as 0: ``inf`` when E is above that level, ``nan`` when both are.
+
+    The floor is the accuracy of the quantities themselves: E comes from centred contributions and
+    Wolfe's min-norm point gives EF to ~1e-13 of the scale (a few hundred ulps), so peaked rows whose
+    E and EF are ~1e-11 of the scale keep a meaningful π (a floor of 1e-10 dropped them as NaN)."""
+    floor = PI_FLOOR * max(scale, 1e-300)
     if ef <= floor:
         return float("nan") if e <= floor else float("inf")
     return e / ef

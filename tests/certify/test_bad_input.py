@@ -38,3 +38,44 @@ def test_duplicate_row_ids_are_refused_naming_the_row(tmp_path, ids):
     with pytest.raises(InputError, match=f"row_id {dup} appears more than once"):
         certify_file(tmp_path / "dup.parquet", tmp_path / "o.parquet", [2], skip_invalid=True, **OPTS)
     assert not (tmp_path / "o.parquet").exists()
+
+
+def _true_pi(p, V, S):
+    """π = E / EF of a two-key kept set in 50-digit arithmetic (EF: the projection on the segment)."""
+    import mpmath as mp
+
+    mp.mp.dps = 50
+    p = [mp.mpf(float(x)) for x in p]
+    tot = sum(p)
+    p = [x / tot for x in p]
+    V = [[mp.mpf(float(x)) for x in r] for r in V]
+    d = len(V[0])
+    mu = [sum(p[i] * V[i][k] for i in range(len(p))) for k in range(d)]
+    w = sum(p[i] for i in S)
+    m = [sum(p[i] * V[i][k] for i in S) / w for k in range(d)]
+    E = mp.sqrt(sum((m[k] - mu[k]) ** 2 for k in range(d)))
+    a, b = V[S[0]], V[S[1]]
+    ab = [b[k] - a[k] for k in range(d)]
+    t = min(max(sum((mu[k] - a[k]) * ab[k] for k in range(d)) / sum(x * x for x in ab), 0), 1)
+    EF = mp.sqrt(sum((a[k] + t * ab[k] - mu[k]) ** 2 for k in range(d)))
+    return float(E / EF), float(E)
+
+
+def test_pi_of_a_peaked_row_is_finite_and_exact():
+    from forcedweight.certify.record import penalties
+    from forcedweight.core import operator as op
+
+    eps = 2e-11  # three keys of mass 2e-11, one of the rest: E ~ 1e-9 while the values spread over ~60
+    p = np.array([1 - 3 * eps, eps, eps, eps])
+    V = 30 * np.array([[0.0, 0.0], [1.0, 0.0], [-2.0, 1.0], [0.3, -0.2]])
+    S = np.array([0, 1])
+    want, e_true = _true_pi(p, V, S)
+    assert 1e-9 < e_true < 2e-9 and 1.7 < want < 1.9  # the regime of the report: E ~ 1e-9, π ~ 1.8
+    e = op.forced_error(p, V, S)
+    got = penalties(p, V, S, S, e, e)
+    # float64 E and EF of ~1e-9 carry an absolute error ~1e-16 of the scale 67: relative ~1e-5
+    assert got["pi_top"] == pytest.approx(want, rel=1e-5) and got["pi_best"] == pytest.approx(want, rel=1e-5)
+    # below the round-off level (a kept set that reaches mu exactly) π stays undefined, never a number
+    Vz = V.copy()
+    Vz[1:] = 0.0
+    assert np.isnan(penalties(p, Vz, S, S, 0.0, 0.0)["pi_top"])
