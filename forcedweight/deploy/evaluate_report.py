@@ -39,13 +39,17 @@ def method_name(row: dict) -> str:
 
 
 def _rows(results) -> list[dict]:
+    """Result rows of a results file or an output directory; a directory whose run is still going (or
+    was stopped) is read from its finished parts (a partial report)."""
     path = Path(results)
+    files = [path]
     if path.is_dir():
-        path = path / "results.parquet"
-    if not path.is_file():
-        raise InputError(f"{path}: no such results file (run forcedweight evaluate first)")
+        parts = sorted((path / ".results.parquet.parts").glob("part-*.parquet"))
+        files = [path / "results.parquet"] if (path / "results.parquet").is_file() or not parts else parts
+    if not files[0].is_file():
+        raise InputError(f"{files[0]}: no such results file (run forcedweight evaluate first)")
     try:
-        rows = pq.read_table(path).to_pylist()
+        rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
     need = {"id", "task", "metric", "policy", "allocator", "compression_ratio", "score", "physical_bytes"}
@@ -199,7 +203,9 @@ def write_report(results, out_dir, n_boot: int = 2000, seed: int = 0) -> Path:
             fig.savefig(tmp, format="png")
         figures.append(target)
     src = Path(results)
+    if src.is_dir():
+        src = src / "results.parquet" if (src / "results.parquet").is_file() else src / ".results.parquet.parts (partial)"
     md = out_dir / "report.md"
     with fio.atomic_path(md) as tmp:
-        tmp.write_text(_markdown(summ, pairs, figures, src if src.is_file() else src / "results.parquet"))
+        tmp.write_text(_markdown(summ, pairs, figures, src))
     return md

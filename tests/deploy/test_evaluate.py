@@ -243,6 +243,14 @@ def test_cli_run_and_report(tasks_file, model_dir, tmp_path):
     cb = {r["compression_ratio"]: r["score"] for r in rows if r["policy"] == "streaming_llm" and r["task"] == "continuation"}
     assert c["wins"] == sum(ca[k] < cb[k] for k in ca)  # lower cross-entropy wins
     assert 0.999 < p["bytes_ratio"] < 1.001  # matched physical bytes
+    # a run still going (only parts): a partial report from its finished parts, same tables
+    partial = tmp_path / "partial" / ".results.parquet.parts"
+    partial.mkdir(parents=True)
+    pq.write_table(pq.read_table(out / "results.parquet"), partial / "part-000000-000.parquet")
+    res = _cli("report", tmp_path / "partial")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "partial" / "report" / "summary.csv").read_text() == (out / "report" / "summary.csv").read_text()
+    assert "(partial)" in (tmp_path / "partial" / "report" / "report.md").read_text()
     res = _cli("report", out, "--out", tmp_path / "rep2")
     assert res.exit_code == 0 and (tmp_path / "rep2" / "report.md").read_text() == md.replace(
         str(out / "results.parquet"), str(out / "results.parquet"))
