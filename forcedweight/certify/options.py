@@ -10,6 +10,7 @@ register a wrapper here.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -96,6 +97,10 @@ class CertifyOptions:
         time limit not reached first) the statuses and bounds are the same on any machine.
     pool_node_limit : nodes of the pool-restricted bnb that computes ``ES_pool`` where
         ``C(pool, s) > max_subsets`` (``pool.pool_optimum``); unproved within it, the pool is shrunk.
+    max_memory : bytes one (row, s) may ask of the solver (``--max-memory``; None = half the
+        machine's RAM, ``default_max_memory``). A row whose estimate (``solver_memory``: bnb's dense
+        N x N Gram matrix) is above it is refused with its reason: an error, or ``status=invalid``
+        under ``--skip-invalid``, before any memory is taken.
     """
 
     pool_mass: int = 12
@@ -107,8 +112,11 @@ class CertifyOptions:
     balance_candidates: str = "all"
     node_limit: int | None = None
     pool_node_limit: int = POOL_NODE_LIMIT
+    max_memory: int | None = None
 
     def __post_init__(self):
+        if self.max_memory is not None and not (isinstance(self.max_memory, int) and self.max_memory >= 1):
+            raise InputError(f"--max-memory must be a positive number of bytes, got {self.max_memory!r}")
         if self.solver not in SOLVERS:
             raise InputError(f"--solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
         if self.pool_mass < 0:
@@ -131,5 +139,62 @@ class CertifyOptions:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def memory_cap(self) -> int:
+        """``max_memory`` in bytes, the machine's default when None."""
+        return default_max_memory() if self.max_memory is None else int(self.max_memory)
 
-__all__ = ["SOLVERS", "CertifyOptions", "run_solver"]
+    def memory_problem(self, n: int, d: int) -> str | None:
+        """Why a row of N = n keys and d value dims cannot be solved within ``memory_cap`` (None: it can)."""
+        need, cap = solver_memory(self.solver, n, d), self.memory_cap
+        if need <= cap:
+            return None
+        return (f"solver {self.solver} needs ~{need / 2**30:.3g} GiB for N = {n} (a dense N x N Gram matrix), "
+                f"above --max-memory {cap / 2**30:.3g} GiB; raise --max-memory or use --solver none")
+
+
+def default_max_memory() -> int:
+    """Half of the machine's physical memory in bytes (``os.sysconf``), 4 GiB where unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 * 2**30
+
+
+def solver_memory(solver: str, n: int, d: int) -> int:
+    """Estimated peak bytes of the solver on one row of N = n keys and d value dims.
+
+    bnb (and auto, which runs bnb on every row it does not hand to mitm) holds the dense N x N
+    float64 Gram matrix of the contributions beside a few N x d copies; scip and cpsat build a model
+    of O(N d) coefficients; ``none`` solves nothing. The pool search before it is bounded by
+    ``max_subsets`` and is not counted.
+    """
+    if solver == "none":
+        return 0
+    base = 8 * n * d * 8  # contributions, their rotation and the row's copies (float64)
+    if solver in ("auto", "bnb"):
+        return base + 8 * n * n
+    return base * 4
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_memory(text: str | None, option: str = "--max-memory") -> int | None:
+    """``"8G"``, ``"512MiB"``, ``"1e9"`` -> bytes (binary units); None -> None; bad text -> InputError."""
+    if text is None:
+        return None
+    t = str(text).strip().lower().replace(" ", "")
+    num = t.rstrip("kmgtib")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise InputError(f"{option}: expected a size such as 8G, 512M or 1e9 (bytes), got {text!r}") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise InputError(f"{option}: must be at least 1 byte, got {text!r}")
+    return int(value)
+
+
+__all__ = ["SOLVERS", "CertifyOptions", "default_max_memory", "parse_memory", "run_solver", "solver_memory"]

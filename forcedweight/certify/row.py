@@ -150,6 +150,11 @@ def _checked(view: RowView, known: _Known) -> float:
     return known.value
 
 
+def needs_solver(n: int, s: int, options: CertifyOptions) -> bool:
+    """Whether a row of N = n keys may reach the solver at budget s (its pool does not cover it)."""
+    return options.solver != "none" and n > s + options.pool_mass + options.pool_error
+
+
 def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict:
     """Certify one row at budget s: heuristics, exact pool enumeration, a solver over all N keys.
 
@@ -167,6 +172,9 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     t0 = time.perf_counter()
     p, V = row.p, row.V
     view = _inputs(row, s)
+    memory = options.memory_problem(row.n_keys, V.shape[1]) if needs_solver(row.n_keys, s, options) else None
+    if memory is not None:  # refused before any N x N allocation
+        raise RowError(row.row_id, memory)
     A = op.centred_contributions(p, V)
 
     def err(S) -> float:

@@ -49,7 +49,7 @@ from forcedweight import io as fio
 from forcedweight import rows
 from forcedweight.certify.options import CertifyOptions
 from forcedweight.certify.record import invalid_record, output_schema, records_to_table
-from forcedweight.certify.row import certify_row
+from forcedweight.certify.row import certify_row, needs_solver
 from forcedweight.certify.warmup import warm_up
 from forcedweight.errors import InputError, RowError
 from forcedweight.rows import InvalidRow, keys_query_problem
@@ -89,7 +89,8 @@ def _check_list_type(path: Path, schema: pa.Schema, name: str) -> None:
         raise InputError(f"{path}: column {name} must be a list of numbers, not {t}")
 
 
-def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Sequence[int]):
+def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Sequence[int],
+                options: CertifyOptions | None = None):
     """Validate one batch of rows and budgets; yields ``(row_id, s or None, reason)`` per bad one.
 
     Vectorised over the Arrow offsets; a row flagged here is re-checked by
@@ -151,6 +152,10 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
         for s in s_values:
             if s > wl[i]:
                 yield rid, s, f"budget s={s} exceeds N={wl[i]}"
+            elif options is not None and needs_solver(int(wl[i]), s, options):
+                memory = options.memory_problem(int(wl[i]), int(vd[i]))
+                if memory is not None:
+                    yield rid, s, memory
 
 
 def _isnull(arr: np.ndarray) -> np.ndarray:
@@ -165,7 +170,8 @@ def _isnull(arr: np.ndarray) -> np.ndarray:
 _CHECK_COLUMNS = ("row_id", "weights", "values", "value_dim", "keys", "query")
 
 
-def validate_input(path, s_values: Sequence[int], skip_invalid: bool) -> tuple[int, int]:
+def validate_input(path, s_values: Sequence[int], skip_invalid: bool,
+                   options: CertifyOptions | None = None) -> tuple[int, int]:
     """Stream the input once and check every row and budget.
 
     Returns ``(rows, bad (row, s) pairs)``. Without ``skip_invalid`` the first bad row raises
@@ -178,7 +184,7 @@ def validate_input(path, s_values: Sequence[int], skip_invalid: bool) -> tuple[i
         total += batch.num_rows
         seen.append(batch_ids(batch, start))
         files.append((start, file))
-        for rid, s, reason in check_batch(batch, start, file, s_values):
+        for rid, s, reason in check_batch(batch, start, file, s_values, options):
             if not skip_invalid:
                 raise RowError(rid, reason, str(file))
             bad += len(s_values) if s is None else 1
@@ -432,7 +438,7 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
     def note(msg: str) -> None:
         print(msg, file=sys.stderr)
 
-    total, _ = validate_input(path, s_values, skip_invalid)
+    total, _ = validate_input(path, s_values, skip_invalid, options)
     parts = parts_dir_for(out)
     kill_after = int(os.environ.get(KILL_HOOK, "0") or 0)
     written = 0

@@ -79,3 +79,27 @@ def test_pi_of_a_peaked_row_is_finite_and_exact():
     Vz = V.copy()
     Vz[1:] = 0.0
     assert np.isnan(penalties(p, Vz, S, S, 0.0, 0.0)["pi_top"])
+
+
+def test_rows_whose_gram_matrix_exceeds_max_memory_are_refused(tmp_path):
+    from forcedweight.certify import CertifyOptions
+    from forcedweight.certify.options import parse_memory, solver_memory
+
+    assert solver_memory("bnb", 100_000, 64) > 74 * 2**30  # the 74.5 GiB of the report, before any solve
+    assert parse_memory("8G") == 8 * 2**30 and parse_memory("512MiB") == 2**29 and parse_memory("1e6") == 10**6
+    with pytest.raises(InputError, match="--max-memory"):
+        parse_memory("lots")
+    recs = [_rec(0, 12, keys=False), _rec(1, 200, keys=False)]  # N = 200: bnb's Gram is 320 kB
+    src = _write(tmp_path / "r.parquet", recs)
+    small = CertifyOptions(pool_mass=2, pool_error=2, time_limit=20.0, max_memory=200_000)
+    assert small.memory_problem(12, 3) is None and "max-memory" in small.memory_problem(200, 3)
+    with pytest.raises(InputError, match=r"row 1 .*needs ~.* GiB for N = 200"):
+        certify_file(src, tmp_path / "o.parquet", [3], options=small, progress=False)
+    assert not (tmp_path / "o.parquet").exists()
+    out = certify_file(src, tmp_path / "o.parquet", [3], options=small, progress=False, skip_invalid=True)
+    t = pq.read_table(out).to_pylist()
+    assert t[0]["status"] == "optimal" and t[1]["status"] == "invalid" and "max-memory" in t[1]["reason"]
+    # with room (or without a solver) the same row is certified
+    roomy = CertifyOptions(pool_mass=2, pool_error=2, time_limit=20.0, max_memory=10**9)
+    t = pq.read_table(certify_file(src, tmp_path / "o2.parquet", [3], options=roomy, progress=False)).to_pylist()
+    assert t[1]["status"] != "invalid"
