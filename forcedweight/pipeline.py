@@ -51,8 +51,12 @@ class PipelineOptions:
         return CertifyOptions(solver=self.solver, time_limit=self.time_limit, seed=self.seed)
 
 
-def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progress: bool = True) -> Path:
+def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progress: bool = True,
+                 force: bool = False) -> Path:
     """Run dump → certify → report into ``out``; returns the path of ``report.md``.
+
+    A rerun resumes the dump and keeps a finished ``results.parquet`` whose input and options match
+    (``certify``'s fingerprint); ``force`` certifies again.
 
     Layout: ``out/rows/`` (the dump), ``out/results.parquet`` (certify), ``out/report/``.
     """
@@ -86,5 +90,6 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
         workers=options.workers,
         skip_invalid=True,  # rows with N <= s (early query positions) are recorded as invalid, not fatal
         progress=progress,
+        force=force,
     )
     return build_report(results, report_dir, seed=options.seed, command=command)

@@ -396,8 +396,12 @@ MAX_BUDGET = 2**40
 
 def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, workers: int = 1,
                 scheduler: str | None = None, skip_invalid: bool = False, progress: bool = True,
-                chunk_rows: int = 64, allow_incomplete: bool = False) -> Path:
+                chunk_rows: int = 64, allow_incomplete: bool = False, force: bool = False) -> Path:
     """Certify every (row, s) of a Parquet file/directory into ``out`` (see the module doc).
+
+    A finished ``out`` whose recorded fingerprint (``results_fingerprint``: the input files' paths,
+    sizes and mtimes, the budgets, the options, ``skip_invalid``, the package version; kept in the
+    output's Parquet metadata) matches this run is kept as it is (a note says so); ``force`` redoes it.
 
     The rows of an unfinished dump (``manifest.json``: ``complete: false``) are refused unless
     ``allow_incomplete`` (``io.check_dump_complete``).
@@ -426,12 +430,43 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
         raise InputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
     fio.check_dump_complete(path, allow_incomplete)
     with fio.output_lock(out, "certify"):
+        current = results_fingerprint(path, s_values, options, skip_invalid)
+        if not force and recorded_fingerprint(out) == current:
+            print(f"note: {out} is up to date (same input and options); --force to certify again",
+                  file=sys.stderr)
+            return out
         return _run_locked(path, out, s_values, options, workers, scheduler, skip_invalid, progress,
-                           chunk_rows)
+                           chunk_rows, current)
+
+
+#: the key of the results fingerprint in the output's Parquet (schema) metadata
+FINGERPRINT_KEY = b"forcedweight.certify.fingerprint"
+
+
+def results_fingerprint(path, s_values, options: CertifyOptions, skip_invalid: bool) -> dict:
+    """What a finished output depends on: input files (path, size, mtime), budgets, options, version."""
+    from forcedweight import __version__
+
+    fp = fingerprint(path, s_values, options, skip_invalid, 0)
+    fp.pop("chunk_rows")
+    fp["package_version"] = __version__
+    return fp
+
+
+def recorded_fingerprint(out: Path) -> dict | None:
+    """The fingerprint stored in an existing output (None: no output, or none recorded/readable)."""
+    if not out.is_file():
+        return None
+    try:
+        meta = pq.read_schema(out).metadata or {}
+        return json.loads(meta[FINGERPRINT_KEY])
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None
 
 
 def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, workers: int,
-                scheduler: str | None, skip_invalid: bool, progress: bool, chunk_rows: int) -> Path:
+                scheduler: str | None, skip_invalid: bool, progress: bool, chunk_rows: int,
+                results_fp: dict | None = None) -> Path:
     """``run_certify`` once the output lock is held."""
     _check_paths(path, out)
 
@@ -509,6 +544,10 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
     else:
         table = output_schema(schema_seen).empty_table()
     table = table.sort_by([("row_id", "ascending"), ("s", "ascending")])
+    if results_fp is not None:
+        meta = dict(table.schema.metadata or {})
+        meta[FINGERPRINT_KEY] = json.dumps(results_fp).encode()
+        table = table.replace_schema_metadata(meta)
     fio.write_table_atomic(table, out)
     shutil.rmtree(parts, ignore_errors=True)
     return out
@@ -583,6 +622,7 @@ def certify_file(
     progress: bool = True,
     chunk_rows: int = 64,
     allow_incomplete: bool = False,
+    force: bool = False,
 ) -> Path:
     """Certify every row of a Parquet file/directory at every budget; write RESULTS atomically.
 
@@ -590,4 +630,4 @@ def certify_file(
     """
     return run_certify(input, out, s_values, options or CertifyOptions(), workers=workers,
                        scheduler=scheduler, skip_invalid=skip_invalid, progress=progress,
-                       chunk_rows=chunk_rows, allow_incomplete=allow_incomplete)
+                       chunk_rows=chunk_rows, allow_incomplete=allow_incomplete, force=force)

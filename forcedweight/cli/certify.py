@@ -26,6 +26,7 @@ def certify(
     chunk_rows: int = typer.Option(64, "--chunk-rows", help="Rows per shard (unit of work and of resume)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
     allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Take the rows of an unfinished dump (manifest complete: false)."),
+    force: bool = typer.Option(False, "--force", help="Certify again even when OUT is finished with the same input and options (else it is kept)."),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory one (row, s) may ask of the solver, e.g. 8G (default: half the RAM); rows above it are refused (status=invalid with --skip-invalid)."),
 ) -> None:
     """Find and certify the best kept subsets under forced weights; one output row per (row_id, s)."""
@@ -37,7 +38,7 @@ def certify(
                              max_memory=parse_memory(max_memory))
     path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
                         skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows,
-                        allow_incomplete=allow_incomplete)
+                        allow_incomplete=allow_incomplete, force=force)
     typer.echo(str(path))
 
 

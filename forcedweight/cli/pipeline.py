@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         solver: str = typer.Option("auto", "--solver", help="auto|bnb|scip|cpsat|none"),
         time_limit: float = typer.Option(2.0, "--time-limit", help="Per-row solver time limit (s)."),
         workers: int = typer.Option(1, "--workers", help="Local worker processes for certify."),
+        force: bool = typer.Option(False, "--force", help="Certify again even when results.parquet is finished with the same rows and options."),
     ) -> None:
         """Dump rows from the model, certify them at budget s, and write the report (resumable)."""
         from forcedweight.pipeline import PipelineOptions, run_pipeline
@@ -30,5 +31,5 @@ def register(app: typer.Typer) -> None:
             model=model, s_values=tuple(s), layers=layers, heads=heads, positions=positions,
             max_texts=max_texts, seed=seed, solver=solver, time_limit=time_limit, workers=workers,
         )
-        report = run_pipeline(out, opts)
+        report = run_pipeline(out, opts, force=force)
         typer.echo(f"report: {report}")

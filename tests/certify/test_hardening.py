@@ -169,3 +169,31 @@ def test_value_dim_strings_and_fractions_are_refused(tmp_path):
     res = _run_sub([tmp_path / "str.parquet", "--s", 2, "--out", tmp_path / "o.parquet"])
     assert res.returncode == 2 and "value_dim" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_finished_output_is_kept_unless_forced(rows_file, tmp_path, capsys):
+    import os
+
+    from forcedweight.certify import CertifyOptions
+    from forcedweight.certify.run import FINGERPRINT_KEY
+
+    out = certify_file(rows_file, tmp_path / "o.parquet", [3], **OPTS)
+    assert FINGERPRINT_KEY in pq.read_schema(out).metadata
+    first = out.stat().st_ino  # every write is a rename of a new file: a new inode
+    capsys.readouterr()
+    certify_file(rows_file, out, [3], **OPTS)  # same input and options: nothing redone
+    assert out.stat().st_ino == first and "up to date" in capsys.readouterr().err
+    certify_file(rows_file, out, [3], force=True, **OPTS)  # --force: certified again
+    second = out.stat().st_ino
+    assert second != first
+    opts = dict(OPTS, options=CertifyOptions(pool_mass=2, pool_error=2, time_limit=20.0, seed=1))
+    certify_file(rows_file, out, [3], **opts)  # other options: redone
+    assert out.stat().st_ino != second
+    third = out.stat().st_ino
+    certify_file(rows_file, out, [3, 4], **opts)  # other budgets: redone, with the new budget
+    assert out.stat().st_ino != third and sorted(set(pq.read_table(out)["s"].to_pylist())) == [3, 4]
+    fourth = out.stat().st_ino
+    st = rows_file.stat()
+    os.utime(rows_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the input changed: redone
+    certify_file(rows_file, out, [3, 4], **opts)
+    assert out.stat().st_ino != fourth
