@@ -12,6 +12,9 @@ computes attention on it:
   their bias) are gathered, padded to a common length and masked, and new token ``i`` also sees new
   tokens ``<= i``.
 
+Attention-logit soft-capping, learned sinks and a sliding window shorter than the tokens processed
+are refused with one line naming them (:func:`forcedweight.deploy.features.refuse_unsupported`).
+
 Without a ragged cache (dense tensors) it falls back to transformers' SDPA attention. Padding masks are
 not supported (transformers builds no mask for a custom attention name): batch only equal-length prompts.
 """
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from forcedweight.deploy.features import refuse_unsupported
 from forcedweight.deploy.ragged_cache import RaggedKV
 from forcedweight.kernels import segment_decode
 from forcedweight.kernels.torch_decode import segment_decode_torch
@@ -30,7 +34,7 @@ from forcedweight.kernels.torch_decode import segment_decode_torch
 ATTENTION_NAME = "forcedweight_ragged"
 
 
-def ragged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def ragged_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention over a :class:`RaggedKV` view (see the module docstring).
 
     Parameters
@@ -42,6 +46,8 @@ def ragged_attention_forward(module, query, key, value, attention_mask, scaling=
     -------
     (out [B, L, Hq, Dv], None)
     """
+    # soft-cap, sinks and a window shorter than the tokens processed are refused (deploy.features)
+    refuse_unsupported(module, kwargs, key.seen if isinstance(key, RaggedKV) else key.shape[2])
     if not isinstance(key, RaggedKV):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

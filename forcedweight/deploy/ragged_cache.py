@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
+from forcedweight.compat import CacheLayerBase
 from forcedweight.errors import InputError
 
 GROWTH = 1 / 64  # spare capacity per segment, as a fraction of the mean segment length
@@ -51,6 +52,7 @@ class RaggedKV:
     max_len : int, the longest segment.
     new_k, new_v : Tensor [B, Hkv, L, D] / [B, Hkv, L, Dv], the appended states (a prefill over an empty
         past attends them directly).
+    seen : int, tokens processed by the layer including this update (what a sliding window compares to).
     """
 
     k: torch.Tensor
@@ -66,6 +68,13 @@ class RaggedKV:
     max_len: int
     new_k: torch.Tensor
     new_v: torch.Tensor
+    seen: int = 0  # tokens the layer has processed, this update's included (positions 0 .. seen - 1)
+
+    @property
+    def shape(self) -> tuple:
+        """(B, Hkv, longest segment, D): the dense [B, Hkv, N, D] shape the view stands for (kvpress's
+        attention patch, which wraps every registered attention function, reads ``key.shape``)."""
+        return (self.batch, self.kv_heads, self.max_len, self.k.shape[1])
 
 
 def physical_bytes(tensors) -> int:
@@ -91,7 +100,7 @@ def _uniform_stride(starts, lengths, caps):
     return None
 
 
-class RaggedLayer(CacheLayerMixin):
+class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue (forcedweight.compat)
     """One layer of :class:`RaggedKVCache` (see the module docstring for the layout).
 
     Parameters
@@ -166,7 +175,7 @@ class RaggedLayer(CacheLayerMixin):
         self.max_len += L
         self.seen += L
         view = RaggedKV(self.k, self.v, self.starts_t, self.lengths_t, self.starts, self.lengths_h, self.bias, L,
-                        B, Hkv, self.max_len, key_states, value_states)
+                        B, Hkv, self.max_len, key_states, value_states, self.seen)
         return view, view
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from forcedweight.compat import cache_kwargs
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.memory import audit_memory, budget_from
 from forcedweight.deploy.ragged_cache import RaggedKVCache
@@ -33,7 +34,7 @@ def prompt(batch, length, seed=0, vocab=300):
 
 def greedy(model, ids, cache, n):
     return model.generate(ids, max_new_tokens=n, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, cache=cache, pad_token_id=0)
+                          return_dict_in_generate=True, **cache_kwargs(cache), pad_token_id=0)
 
 
 def test_generation_matches_dynamic_cache_tiny():
@@ -109,8 +110,8 @@ def test_evict_then_decode_equals_restricted_dense_attention(with_bias):
     ids = prompt(B, N, seed=1)
     dc, rc = DynamicCache(config=dense.config), RaggedKVCache()
     with torch.no_grad():
-        dense(input_ids=ids, cache=dc)
-        ragged(input_ids=ids, cache=rc)
+        dense(input_ids=ids, **cache_kwargs(dc))
+        ragged(input_ids=ids, **cache_kwargs(rc))
     sizes = [5, 1, 17, 9]  # ragged: every (batch, head) keeps its own number, one keeps a single entry
     keep = random_keep([N] * 4, sizes, seed=2)
     bias = [torch.randn(s, generator=torch.Generator().manual_seed(s)) for s in sizes] if with_bias else None
@@ -125,8 +126,8 @@ def test_evict_then_decode_equals_restricted_dense_attention(with_bias):
         L = x.shape[1]
         mask = restricted_mask(cur_keep, B, Hkv, G, past, L, cur_bias)
         with torch.no_grad():
-            ref = dense(input_ids=x, cache=dc, attention_mask=mask).logits
-            out = ragged(input_ids=x, cache=rc).logits
+            ref = dense(input_ids=x, **cache_kwargs(dc), attention_mask=mask).logits
+            out = ragged(input_ids=x, **cache_kwargs(rc)).logits
         # float32 on both sides; eager softmax vs split softmax / SDPA: rounding only
         assert (ref - out).abs().max().item() <= 1e-4
         cur_keep = [torch.cat([k, torch.arange(past, past + L)]) for k in cur_keep]
@@ -144,7 +145,7 @@ def test_evict_releases_storage_and_bytes_match_entries():
     B, N, budget = 2, 200, 50
     rc = RaggedKVCache()
     with torch.no_grad():
-        ragged(input_ids=prompt(B, N, seed=3), cache=rc)
+        ragged(input_ids=prompt(B, N, seed=3), **cache_kwargs(rc))
     full = rc.physical_bytes()
     entry = 2 * 16 * 4  # K and V, head dim 16, float32
     assert rc.nominal_bytes() == 3 * B * 2 * N * entry
@@ -170,7 +171,7 @@ def test_evict_bad_keep_is_rejected():
     _, ragged = tiny_pair()
     rc = RaggedKVCache()
     with torch.no_grad():
-        ragged(input_ids=prompt(1, 8), cache=rc)
+        ragged(input_ids=prompt(1, 8), **cache_kwargs(rc))
     with pytest.raises(InputError, match="out of range"):
         rc.evict(0, [torch.tensor([0, 8]), torch.tensor([1])])
     with pytest.raises(InputError, match="repeated"):
@@ -236,7 +237,7 @@ def test_from_dense_copies_every_segment():
     dense, _ = tiny_pair(seed=4)
     dc = DynamicCache(config=dense.config)
     with torch.no_grad():
-        dense(input_ids=prompt(2, 7, seed=4), cache=dc)
+        dense(input_ids=prompt(2, 7, seed=4), **cache_kwargs(dc))
     rc = RaggedKVCache.from_dense(dc)
     assert rc.get_seq_length() == 7 and len(rc.layers) == 2
     for i, layer in enumerate(rc.layers):
