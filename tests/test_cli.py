@@ -19,7 +19,9 @@ def cli(monkeypatch, capsys, args):
     monkeypatch.setattr(sys, "argv", ["forcedweight", *map(str, args)])
     with pytest.raises(SystemExit) as exc:
         main()
-    return exc.value.code or 0, capsys.readouterr().err.strip().splitlines()
+    got = capsys.readouterr()
+    cli.out = got.out  # the command's stdout, for the tests that read it
+    return exc.value.code or 0, got.err.strip().splitlines()
 
 
 def one_error(code, err, *words):
@@ -124,3 +126,40 @@ def test_a_non_utf8_path_is_one_line(monkeypatch, capsys, rows_file, tmp_path):
     code, err = cli(monkeypatch, capsys, ["certify", odd, "--s", 3, "--out", tmp_path / "o.parquet", "--no-progress"])
     one_error(code, err, "not valid UTF-8")
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_version_and_help_markup(monkeypatch, capsys):
+    from forcedweight import __version__
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["forcedweight", "--version"])
+    from forcedweight.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert (exc.value.code or 0) == 0 and capsys.readouterr().out.strip() == f"forcedweight {__version__}"
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["forcedweight", "instances", "partition", "--help"])
+    with pytest.raises(SystemExit):
+        main()
+    assert "SeedSequence([seed, m, i])" in capsys.readouterr().out  # not swallowed as a markup tag
+
+
+def test_a_bad_layers_list_fails_before_the_model_load(monkeypatch, capsys, tmp_path):
+    from forcedweight import models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    code, err = cli(monkeypatch, capsys, ["dump", "--layers", "1,x", "--out", tmp_path / "d"])
+    one_error(code, err, "--layers")
+    assert not (tmp_path / "d").exists()
+
+
+def test_memory_without_options_audits_half_the_cache(monkeypatch, capsys):
+    code, err = cli(monkeypatch, capsys, ["memory", "--tokens", "64"])
+    assert code == 0, err
+    default, _ = cli.out, None
+    code, err = cli(monkeypatch, capsys, ["memory", "--tokens", "64", "--compression-ratio", "0.5"])
+    assert code == 0 and cli.out == default and cli.out.strip()  # the default is r = 0.5

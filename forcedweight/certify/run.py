@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from forcedweight import io as fio
 from forcedweight import rows
+from forcedweight import __version__
 from forcedweight.certify.options import CertifyOptions
 from forcedweight.certify.record import invalid_record, output_schema, records_to_table
 from forcedweight.certify.row import certify_row, needs_solver
@@ -445,8 +446,6 @@ FINGERPRINT_KEY = b"forcedweight.certify.fingerprint"
 
 def results_fingerprint(path, s_values, options: CertifyOptions, skip_invalid: bool) -> dict:
     """What a finished output depends on: input files (path, size, mtime), budgets, options, version."""
-    from forcedweight import __version__
-
     fp = fingerprint(path, s_values, options, skip_invalid, 0)
     fp.pop("chunk_rows")
     fp["package_version"] = __version__

@@ -22,6 +22,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import typer  # noqa: E402
 
 from forcedweight.cli import audit, certify, contourkv, dump, evaluate, groups, instances, memory, pipeline, probabilistic, report, tasks  # noqa: E402
+from forcedweight import __version__  # noqa: E402
 from forcedweight.errors import InputError  # noqa: E402
 from forcedweight.io import os_error  # noqa: E402
 
@@ -74,6 +75,20 @@ def _wrap_commands(typer_app: typer.Typer) -> None:
         info.callback = _one_line_errors(info.callback)
     for group in typer_app.registered_groups:
         _wrap_commands(group.typer_instance)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"forcedweight {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Capture attention rows, certify the best kept subsets under forced weights, report, deploy."""
 
 
 for _module in (dump, certify, report, groups, instances, memory, probabilistic, pipeline, evaluate, tasks, audit, contourkv):

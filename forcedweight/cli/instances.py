@@ -14,7 +14,7 @@ instances_app = typer.Typer(
 
 _M = typer.Option(..., "--m", help="Number of integers = keys N (even, at most 48).")
 _COUNT = typer.Option(..., "--count", help="Number of instances (rows); kinds are assigned round-robin.")
-_SEED = typer.Option(0, "--seed", help="Seed; instance i is drawn from SeedSequence([seed, m, i]).")
+_SEED = typer.Option(0, "--seed", help="Seed; instance i is drawn from SeedSequence(\\[seed, m, i]).")
 _OUT = typer.Option(..., "--out", help="Output directory (created).")
 _BITS = typer.Option(None, "--bits", help="Bits per integer (default min(ceil(log2 C(m, m/2)) - 1, the most whose rounding bound stays below 1/(2m))).")
 _KINDS = typer.Option("yes,no,near_miss", "--kinds", help="Comma-separated kinds among yes, no, near_miss.")

@@ -11,12 +11,16 @@ from typing import Optional
 import typer
 
 
+#: the compression ratio audited when neither --budget nor --compression-ratio is given
+DEFAULT_RATIO = 0.5
+
+
 def memory(
     model: str = typer.Option("tiny", "--model", help="tiny (random test model), smollm2 (embedded), or a model directory / .gguf."),
     tokens: int = typer.Option(512, "--tokens", help="Prompt length N (seeded random token ids)."),
     budget: Optional[int] = typer.Option(None, "--budget", help="Kept entries per KV head (s)."),
     compression_ratio: Optional[float] = typer.Option(
-        None, "--compression-ratio", help="Evicted fraction per KV head, in [0, 1): s = round((1 - r) * N)."),
+        None, "--compression-ratio", help="Evicted fraction per KV head, in [0, 1): s = round((1 - r) * N) (default 0.5 when no --budget)."),
     old_ratio: Optional[float] = typer.Option(None, "--ratio", hidden=True, help="Renamed: --compression-ratio."),
     seed: int = typer.Option(0, "--seed", help="Seed for the token ids, the tiny model and the selection."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the audit as JSON here."),
@@ -34,6 +38,8 @@ def memory(
                          f"{1 - old_ratio:g}, the evicted fraction (kvpress's meaning), or --budget")
     if out is not None:
         check_output_file(out)  # an unwritable --out fails before the audit
+    if budget is None and compression_ratio is None:
+        compression_ratio = DEFAULT_RATIO  # no option: the audit at half the cache evicted
     result = audit_memory(model, tokens, budget=budget, compression_ratio=compression_ratio, seed=seed)
     if out is not None:
         with atomic_path(out) as tmp:

@@ -260,6 +260,8 @@ def dump_rows(
         raise InputError(f"--stats-s: budgets must be >= 1, got {stats_s[0]}")
     if backend not in ("auto", "torch", "triton"):
         raise InputError(f"backend: unknown {backend!r} (auto, torch, triton)")
+    parse_index_list(layers, "--layers")  # a malformed list fails now, not after the model load
+    parse_index_list(heads, "--heads")
     if not isinstance(model, models.LoadedModel):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
