@@ -8,3 +8,7 @@ kernel (``forcedweight.kernels``, ``forcedweight.deploy``, ``forcedweight.probab
 """
 
 __version__ = "0.1.0"
+
+from forcedweight.rows import load_rows  # noqa: E402  (the one loader a user needs for a dump)
+
+__all__ = ["__version__", "load_rows"]

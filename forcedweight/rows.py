@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import list_parquet_files, open_parquet, read_guard
+from forcedweight.io import check_dump_complete, list_parquet_files, open_parquet, read_guard
 
 REQUIRED_COLUMNS = ("weights", "values", "value_dim")
 PROVENANCE_COLUMNS = ("model", "text_id", "layer", "head", "kv_head", "query_pos", "n_keys")
@@ -285,3 +285,20 @@ def read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) ->
         with read_guard(file):
             tables.append(pf.read(columns=cols))
     return pa.concat_tables(tables, promote_options="default")
+
+
+def load_rows(path: str | os.PathLike, allow_incomplete: bool = False):
+    """The rows of a dump directory (or a Parquet file) as one polars LazyFrame, sidecars left out.
+
+    ``pl.scan_parquet(DIR)`` would also read ``texts.parquet`` and ``stats-*.parquet`` (other
+    schemas) and trip on ``manifest.json``; this scans the row shards only (``io.list_parquet_files``),
+    with the columns of the row contract (``weights`` list (N,), ``values`` list (N * value_dim,),
+    ``value_dim``, provenance). An unfinished dump is refused unless ``allow_incomplete``.
+
+    Example: ``load_rows("dumps/default/rows").filter(pl.col("layer") == 3).collect()``.
+    """
+    import polars as pl
+
+    check_dump_complete(path, allow_incomplete)
+    files = [str(f) for f in list_parquet_files(path)]
+    return pl.scan_parquet(files)

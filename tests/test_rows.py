@@ -123,3 +123,31 @@ def test_output_path_that_is_a_directory_or_unwritable(tmp_path):
     assert fio.check_output_file(tmp_path / "new" / "out.parquet") == tmp_path / "new" / "out.parquet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "file", "new"]
     assert list((tmp_path / "new").iterdir()) == [] and list((tmp_path / "adir").iterdir()) == []
+
+
+def test_load_rows_scans_the_row_shards_of_a_dump_only(tmp_path):
+    import json
+
+    import polars as pl
+
+    import forcedweight
+
+    d = tmp_path / "dump"
+    d.mkdir()
+    recs = [dict(row_id=i, weights=[0.5, 0.5], values=[1.0, 2.0], value_dim=1, layer=i % 2) for i in range(6)]
+    pq.write_table(rows.make_row_table(recs[:4]), d / "rows-t0-l0.parquet")
+    pq.write_table(rows.make_row_table(recs[4:]), d / "rows-t1-l0.parquet")
+    pq.write_table(pa.table({"text_id": [0], "text": ["x"]}), d / "texts.parquet")
+    pq.write_table(pa.table({"row_id": [0], "dropped_mass_s8": [0.1]}), d / "stats-t0-l0.parquet")
+    (d / "manifest.json").write_text(json.dumps({"complete": True, "n_rows": 6}))
+    with pytest.raises(Exception):  # the plain scan of the directory trips on the sidecars / manifest
+        pl.scan_parquet(d).collect()
+    lf = forcedweight.load_rows(d)
+    assert isinstance(lf, pl.LazyFrame)
+    df = lf.sort("row_id").collect()
+    assert df["row_id"].to_list() == list(range(6)) and df.filter(pl.col("layer") == 1).height == 3
+    assert df["weights"].to_list()[0] == [0.5, 0.5]
+    (d / "manifest.json").write_text(json.dumps({"complete": False, "n_rows": 9}))
+    with pytest.raises(errors.InputError, match="incomplete dump"):
+        forcedweight.load_rows(d)
+    assert forcedweight.load_rows(d, allow_incomplete=True).collect().height == 6
