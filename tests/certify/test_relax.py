@@ -32,8 +32,9 @@ def _node_min(A, p, T, k, r):
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n=st.integers(4, 12), d=st.integers(1, 12),
-       peak=st.sampled_from([0.2, 1.0, 2.5]), iters=st.sampled_from([1, 20, 150]), data=st.data())
-def test_relax_bound_of_a_node_is_below_its_brute_force_minimum(seed, n, d, peak, iters, data):
+       peak=st.sampled_from([0.2, 1.0, 2.5]), iters=st.sampled_from([1, 20, 150]),
+       phases=st.integers(0, 2), data=st.data())
+def test_relax_bound_of_a_node_is_below_its_brute_force_minimum(seed, n, d, peak, iters, phases, data):
     p, V = _pv(seed, n, d, peak)
     A = op.centred_contributions(p, V)
     t = data.draw(st.integers(0, n - 2))
@@ -44,7 +45,7 @@ def test_relax_bound_of_a_node_is_below_its_brute_force_minimum(seed, n, d, peak
     nrm = np.linalg.norm(A, axis=1)
     exact = _node_min(A, p, T, k, r)
     top = 2.0 * exact if np.isfinite(exact) and exact > 0 else 1.0
-    lb = relax_bound(yT, float(p[T].sum()), A, p, nrm, k, r, top, iters)
+    lb = relax_bound(yT, float(p[T].sum()), A, p, nrm, k, r, top, iters, phases)
     # a proof: never above the node's brute-force minimum (float64, relative 1e-12)
     assert 0.0 <= lb <= exact * (1 + 1e-12) + 1e-300
 

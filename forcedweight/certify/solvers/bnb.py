@@ -42,7 +42,7 @@ from numba import njit
 
 from forcedweight.core import operator as op
 from forcedweight.core.swaps import swap_search
-from forcedweight.certify.solvers.bounds import RELAX_ITERS, relax_bound
+from forcedweight.certify.solvers.bounds import RELAX_ITERS, RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.result import SolverResult
 
 _EPS = float(np.finfo(np.float64).eps)
@@ -310,6 +310,16 @@ def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, to
 
 
 @njit(cache=True)
+def _relaxed(yT, wT, A, pw, nrm, k, r, top, relax_iters):
+    """The relaxation bound, progressively: RELAX_QUICK steps first, then ``relax_iters`` steps
+    and one re-aimed phase only when the quick bound is below ``top`` (the running minimum)."""
+    v = relax_bound(yT, wT, A, pw, nrm, k, r, top, min(RELAX_QUICK, relax_iters), 0)
+    if v < top and relax_iters > RELAX_QUICK:
+        v = max(v, relax_bound(yT, wT, A, pw, nrm, k, r, top, relax_iters, 1))
+    return v
+
+
+@njit(cache=True)
 def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters,
                      relax_iters):
     """min over the first-level nodes ``T = {k}`` (k >= k_from, the rest from keys > k) of their
@@ -350,7 +360,7 @@ def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma,
         v = _node_value(1, k + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
                         gamma, g, buf, bidx, yv, gv, h, iters)
         if v < cur and relax_iters > 0:
-            v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur, relax_iters))
+            v = max(v, _relaxed(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur, relax_iters))
         cur = min(cur, v)
     return max(cur, 0.0)
 
@@ -384,7 +394,7 @@ def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, path, gamma, g,
                         buf, bidx, yv, gv, h, iters)
         if v < path and relax_iters > 0 and N - k >= s - t:
-            v = max(v, relax_bound(ys[t], ws[t], A, pw, nrm, k, s - t, path, relax_iters))
+            v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, path, relax_iters))
         path = min(path, v)
     # the first-level node {idx[0]} holds every deeper open node
     ys1 = np.zeros((2, d))
@@ -401,7 +411,7 @@ def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     first = _node_value(1, k0 + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
                         gamma, g, buf, bidx, yv, gv, h, iters)
     if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
-        first = max(first, relax_bound(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
+        first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
     return max(min(rest, max(path, first)), 0.0)
 
 

@@ -27,6 +27,7 @@ from numba import njit
 
 _EPS = float(np.finfo(np.float64).eps)
 RELAX_ITERS = 150  # FISTA steps per node (measured on real SmolLM2 rows, BENCHMARKS.md issue 15)
+RELAX_QUICK = 20  # steps of the first, cheap try (bnb._relaxed)
 LAM_ITERS = 40  # bisection steps on lam
 
 
@@ -82,12 +83,12 @@ def _lipschitz(A, k):
 
 
 @njit(cache=True)
-def _direction(yT, A, k, r, iters):
-    """u = y(x) for x ~ argmin_X ||y(x)||^2 / 2 by ``iters`` FISTA steps (any u is valid)."""
+def _direction(yT, A, pw, k, r, iters, mu, x):
+    """u = y(x) for x ~ argmin_X ||y(x)||^2 / 2 - mu w(x) by ``iters`` FISTA steps from ``x``
+    (updated in place; any u is valid)."""
     N, d = A.shape
     m = N - k
     L = _lipschitz(A, k)
-    x = np.full(m, r / m)
     z = x.copy()
     xn = np.empty(m)
     v = np.empty(m)
@@ -107,7 +108,7 @@ def _direction(yT, A, k, r, iters):
             g = 0.0
             for q in range(d):
                 g += A[k + j, q] * y[q]
-            v[j] = z[j] - g / L
+            v[j] = z[j] - (g - mu * pw[k + j]) / L
         _project_capped(v, r, xn)
         tn = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * tk * tk))
         c = (tk - 1.0) / tn
@@ -152,7 +153,7 @@ def _test_value(lam, LT, wT, lj, pw, k, r, buf):
 
 
 @njit(cache=True)
-def relax_bound(yT, wT, A, pw, nrm, k, r, top, iters):
+def relax_bound(yT, wT, A, pw, nrm, k, r, top, iters, phases=0):
     """A proved lower bound in ``[0, top]`` on E over the completions of a node.
 
     Parameters
@@ -161,6 +162,8 @@ def relax_bound(yT, wT, A, pw, nrm, k, r, top, iters):
     A : (N, d) contributions (any fixed order); pw : (N,) masses; nrm : (N,) row norms of A.
     k : the completions take ``r`` more keys among rows ``k..N-1`` (``N - k >= r >= 1``).
     top : cap (e.g. the incumbent's E); iters : FISTA steps for the direction.
+    phases : extra FISTA runs (``iters`` steps each, warm-started) re-aimed at the mass term with
+        the bound found so far.
 
     Returns
     -------
@@ -170,7 +173,24 @@ def relax_bound(yT, wT, A, pw, nrm, k, r, top, iters):
     N, d = A.shape
     if N - k < r or r < 1 or not top > 0.0:
         return 0.0
-    u = _direction(yT, A, k, r, iters)
+    x = np.full(N - k, r / (N - k))
+    u = _direction(yT, A, pw, k, r, iters, 0.0, x)
+    lam = _bound_along(u, yT, wT, A, pw, nrm, k, r, top)
+    for _ in range(phases):
+        if not (0.0 < lam < top):
+            break
+        # Dinkelbach-like step: the KKT point of min ||y|| - lam w is that of
+        # min ||y||^2 / 2 - lam ||y*|| w, so re-aim the direction with mu = lam ||y(x)||
+        ny = np.sqrt(np.sum(u * u))
+        u = _direction(yT, A, pw, k, r, iters, lam * ny, x)
+        lam = max(lam, _bound_along(u, yT, wT, A, pw, nrm, k, r, top))
+    return lam
+
+
+@njit(cache=True)
+def _bound_along(u, yT, wT, A, pw, nrm, k, r, top):
+    """The largest lam (bisection on [0, top]) at which the projection test along u holds."""
+    N, d = A.shape
     nu2 = 0.0
     for q in range(d):
         nu2 += u[q] * u[q]
@@ -209,4 +229,4 @@ def relax_bound(yT, wT, A, pw, nrm, k, r, top, iters):
     return lo
 
 
-__all__ = ["relax_bound", "RELAX_ITERS"]
+__all__ = ["relax_bound", "RELAX_ITERS", "RELAX_QUICK"]
