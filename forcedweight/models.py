@@ -6,6 +6,8 @@ Nothing here downloads from a model hub: ``HF_HUB_OFFLINE`` is set before transf
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import os
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from forcedweight.errors import InputError  # noqa: E402
+from forcedweight.io import progress as progress_bar  # noqa: E402
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -49,7 +52,27 @@ class LoadedModel:
     source: str
 
 
-def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+@contextlib.contextmanager
+def _quiet_gguf_bar():
+    """Silence transformers' own tqdm bar of the GGUF conversion (it prints even from Python)."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover (an old transformers without GGUF support)
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", device: str = "cpu",
+               progress: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer without touching the network.
 
     Parameters
@@ -57,9 +80,10 @@ def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", de
     spec : None or "smollm2" for the embedded default; a local Hugging Face directory; or a
         ``.gguf`` file.
     dtype : "float32", "float16" or "bfloat16".
+    progress : announce "loading model NAME" with a spinner on stderr for the 20-30 s of a GGUF
+        load (``io.progress``); transformers' own conversion bar is silenced either way.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -75,6 +99,15 @@ def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", de
         name = path.stem if path.suffix == ".gguf" else path.name
     if not path.exists():
         raise InputError(f"--model: {path}: no such file or directory")
+    with progress_bar(f"loading model {name}", enabled=progress, transient=True) as bar, _quiet_gguf_bar():
+        bar.add_task("…", total=None)
+        return _load(path, name, torch_dtype, device)
+
+
+def _load(path: Path, name: str, torch_dtype, device: str) -> LoadedModel:
+    """``load_model`` once the spec is resolved: tokenizer and model from a .gguf or a directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         if path.is_file():
             if path.suffix != ".gguf":

@@ -163,3 +163,15 @@ def test_memory_without_options_audits_half_the_cache(monkeypatch, capsys):
     default, _ = cli.out, None
     code, err = cli(monkeypatch, capsys, ["memory", "--tokens", "64", "--compression-ratio", "0.5"])
     assert code == 0 and cli.out == default and cli.out.strip()  # the default is r = 0.5
+
+
+@pytest.mark.smollm2
+def test_the_gguf_conversion_bar_is_silenced_from_python(capfd):
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from forcedweight import models
+
+    original = gguf_utils.tqdm
+    models.load_model(progress=False)
+    assert gguf_utils.tqdm is original  # restored after the load
+    assert "Converting and de-quantizing" not in capfd.readouterr().err

@@ -34,7 +34,7 @@ import pyarrow as pa
 from forcedweight.certify.pool import MAX_SUBSETS, pool_best
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import check_dump_complete, check_output_file, list_parquet_files, open_parquet, output_lock, read_guard, write_table_atomic
+from forcedweight.io import check_dump_complete, check_output_file, list_parquet_files, open_parquet, output_lock, progress as progress_bar, read_guard, write_table_atomic
 from forcedweight.rows import Row, iter_batches, rows_from_batch
 from forcedweight.core.stats import selector_ratio
 
@@ -133,6 +133,24 @@ def _group_sizes(path) -> dict[tuple, int]:
     return {tuple(r[:-1]): r[-1] for r in df.iter_rows()}
 
 
+def _vote(rows_path, sizes: dict, pending: dict, records: list, s_values, pool_mass, pool_error, max_subsets,
+          seed, pool_max_subsets, advance) -> None:
+    """Stream the rows, gather each KV group's heads, and append its records when it is whole."""
+    for file, start, batch in iter_batches(rows_path):
+        for row in rows_from_batch(batch, start, source=str(file)):
+            model = row.extra.get("model")
+            nulls = [c for c in NEEDED if row.extra.get(c) is None]
+            if nulls:
+                raise RowError(row.row_id, f"provenance {', '.join(nulls)} is null", str(file))
+            k = ("" if model is None else str(model), *(int(row.extra[c]) for c in GROUP_KEY[1:]))
+            pending.setdefault(k, []).append(row)
+            if len(pending[k]) == sizes[k]:
+                group = pending.pop(k)
+                records.extend(group_records(dict(zip(GROUP_KEY, k)), group, s_values, pool_mass, pool_error,
+                                              max_subsets, seed, pool_max_subsets))
+                advance()
+
+
 def group_voting(
     rows_path: str | os.PathLike,
     s_values: Sequence[int],
@@ -143,6 +161,7 @@ def group_voting(
     seed: int = 0,
     pool_max_subsets: int = MAX_SUBSETS,
     allow_incomplete: bool = False,
+    progress: bool = True,
 ) -> Path:
     """Group-voting costs of every KV group in dumped rows; writes one Parquet file atomically.
 
@@ -155,6 +174,7 @@ def group_voting(
     pool_mass, pool_error : candidate pool for ``ES_pool`` (as in ``certify``).
     max_subsets : cap on head subsets per group and size g (sampled with ``seed`` above it).
     pool_max_subsets : cap on C(pool, s) for ``ES_pool`` (certify's ``--max-subsets``).
+    progress : a progress bar over the KV groups (rows of every head at one position) on stderr.
 
     Returns
     -------
@@ -178,18 +198,10 @@ def group_voting(
         sizes = _group_sizes(rows_path)
         pending: dict[tuple, list[Row]] = {}
         records: list[dict] = []
-        for file, start, batch in iter_batches(rows_path):
-            for row in rows_from_batch(batch, start, source=str(file)):
-                model = row.extra.get("model")
-                nulls = [c for c in NEEDED if row.extra.get(c) is None]
-                if nulls:
-                    raise RowError(row.row_id, f"provenance {', '.join(nulls)} is null", str(file))
-                k = ("" if model is None else str(model), *(int(row.extra[c]) for c in GROUP_KEY[1:]))
-                pending.setdefault(k, []).append(row)
-                if len(pending[k]) == sizes[k]:
-                    group = pending.pop(k)
-                    records.extend(group_records(dict(zip(GROUP_KEY, k)), group, s_values, pool_mass, pool_error,
-                                                  max_subsets, seed, pool_max_subsets))
+        with progress_bar("groups", enabled=progress, transient=True) as bar:
+            task = bar.add_task("KV groups", total=len(sizes))
+            _vote(rows_path, sizes, pending, records, s_values, pool_mass, pool_error, max_subsets, seed,
+                  pool_max_subsets, lambda: bar.advance(task))
         if not records:
             raise InputError(
                 f"{rows_path}: no KV group has two or more query heads at one query position with N > s "

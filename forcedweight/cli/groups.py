@@ -17,12 +17,13 @@ def groups(
     max_subsets: int = typer.Option(64, "--max-subsets", help="Subsets per group and size g; sampled with --seed above it."),
     seed: int = typer.Option(0, "--seed", help="Seed of the subset sampling."),
     allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Take the rows of an unfinished dump (manifest complete: false)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
 ) -> None:
     """Cost of one shared kept set per KV group (top-s of summed weights) over own top-mass and ES_pool."""
     from forcedweight.certify.groups import group_voting
 
     path = group_voting(rows, s, out, pool_mass=pool_mass, pool_error=pool_error, max_subsets=max_subsets, seed=seed,
-                        allow_incomplete=allow_incomplete)
+                        allow_incomplete=allow_incomplete, progress=progress)
     typer.echo(str(path))
 
 

@@ -269,7 +269,7 @@ def dump_rows(
             raise InputError(f"--device: {device}: CUDA is not available on this machine")
         if not (str(device) == "cpu" or str(device).startswith("cuda")):
             raise InputError(f"--device: unknown device {device!r} (cpu, cuda, cuda:N)")
-        model = models.load_model(model, dtype=dtype, device=device)
+        model = models.load_model(model, dtype=dtype, device=device, progress=progress)
     net = model.model
     config = net.config
     param = next(net.parameters())

@@ -187,3 +187,26 @@ def test_groups_on_long_rows_use_the_pool_certify_uses(tmp_path, monkeypatch):
         assert shrunk["pool_size"] < full.size and comb(shrunk["pool_size"], s) <= opts.max_subsets
         assert rec["es_pool"] <= shrunk["es_pool"] * (1 + 1e-9)
         assert r["es_pool"] <= r["es_top"] * (1 + 1e-12) and r["cost_pool"] >= 1 - 1e-12
+
+
+def test_groups_progress_counts_every_kv_group(dump_g4, tmp_path, monkeypatch):
+    import forcedweight.certify.groups as groups_mod
+    from forcedweight.io import progress as real_progress
+
+    bars = []
+
+    def spy(label, enabled=True, transient=False):
+        bar = real_progress(label, enabled=False)
+        bars.append(bar)
+        return bar
+
+    monkeypatch.setattr(groups_mod, "progress_bar", spy)
+    out = group_voting(dump_g4, [2], tmp_path / "g.parquet", pool_mass=32)
+    got = pl.read_parquet(out)
+    task = bars[0].tasks[0]
+    import forcedweight
+
+    key = ["text_id", "layer", "kv_head", "query_pos"]
+    n_groups = forcedweight.load_rows(dump_g4).select(key).unique().collect().height
+    # one step per KV group at one query position of the input (groups with N <= s give no record)
+    assert task.total == task.completed == n_groups >= got.select(key).unique().height > 0
