@@ -154,7 +154,7 @@ def _run_sub(args, env_extra=None):
     env = dict(os.environ, **(env_extra or {}))
     code = "from forcedweight.cli import main; main()"
     return subprocess.run([sys.executable, "-c", code, "evaluate", *map(str, args), "--no-progress"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)  # a contended CPU
 
 
 def test_resume_after_kill_equals_uninterrupted(tasks_file, model_dir, tmp_path):
