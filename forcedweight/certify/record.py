@@ -30,7 +30,7 @@ OUTPUT_COLUMNS = (
     ("solver_improved", "bool"),
     ("closable_share", "float64"), ("balancing_recovery", "float64"), ("dropped_mass", "float64"),
     ("ef_top", "float64"), ("pi_top", "float64"), ("pi_best", "float64"),
-    ("es_geometric", "float64"), ("es_leverage", "float64"), ("es_random", "float64"),
+    ("es_geometric", "float64"), ("es_free_geometry", "float64"), ("es_leverage", "float64"), ("es_random", "float64"),
     ("es_streaming", "float64"), ("es_knorm", "float64"), ("es_quest", "float64"),
     ("seconds", "float64"), ("reason", "string"),
 )

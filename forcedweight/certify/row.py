@@ -44,7 +44,7 @@ from forcedweight.core import operator as op
 from forcedweight.errors import RowError
 from forcedweight.rows import Row, check_keys_query, validate_budget
 from forcedweight.selectors import (
-    Geometric, KNorm, Leverage, MissingInput, Quest, Random, RowView, StreamingLLM, as_view, balancing,
+    FreeGeometry, Geometric, KNorm, Leverage, MissingInput, Quest, Random, RowView, StreamingLLM, as_view, balancing,
 )
 
 #: relative slack under which two errors count as equal (float64 round-off of E on d <= 4096)
@@ -88,7 +88,7 @@ def _heuristics(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray
     sets = {"balancing": bal, "top-mass": top}
     selector_errors: dict[str, float | None] = {}
     for key, selector in (
-        ("es_geometric", Geometric()), ("es_leverage", Leverage()), ("es_random", Random(options.seed)),
+        ("es_geometric", Geometric()), ("es_free_geometry", FreeGeometry()), ("es_leverage", Leverage()), ("es_random", Random(options.seed)),
         ("es_streaming", StreamingLLM()), ("es_knorm", KNorm()), ("es_quest", Quest()),
     ):
         try:

@@ -409,3 +409,19 @@ def test_penalty_does_not_depend_on_a_shared_value_offset():
     assert np.isfinite(a["pi_top"]) and np.isfinite(b["pi_top"])
     # tolerance: the offset 1e11 costs ~1e11 * eps = 2e-5 absolute accuracy in E and EF (both ~0.1 here)
     assert b["pi_top"] == pytest.approx(a["pi_top"], rel=1e-2)
+
+
+def test_free_geometry_column_is_the_selectors_forced_error(tmp_path):
+    from forcedweight.selectors import FreeGeometry
+    from forcedweight.selectors.base import RowView
+
+    recs = [_rec(i, n) for i, n in enumerate([20, 31])]
+    out = certify_file(_write(tmp_path / "r.parquet", recs), tmp_path / "o.parquet", [4], **OPTS)
+    got = pq.read_table(out).to_pylist()
+    for rec, r in zip(recs, got):
+        p = rec["weights"] / rec["weights"].sum()
+        V = rec["values"].reshape(-1, 3)
+        S = FreeGeometry().select(RowView(p, V), 4)
+        # the same float64 operator on the same set: relative 1e-12
+        assert r["es_free_geometry"] == pytest.approx(op.forced_error(p, V, S), rel=1e-12)
+        assert r["es_free_geometry"] >= r["es_best"] * (1 - 1e-9)  # never below the certified optimum
