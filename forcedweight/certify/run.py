@@ -429,7 +429,8 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
         raise InputError(f"--workers must be >= 1, got {workers}")
     if chunk_rows < 1:
         raise InputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
-    fio.check_dump_complete(path, allow_incomplete)
+    manifest = fio.check_dump_complete(path, allow_incomplete)
+    provenance = {"command": fio.command_line(), "dump": dump_summary(manifest)}
     with fio.output_lock(out, "certify"):
         current = results_fingerprint(path, s_values, options, skip_invalid)
         if not force and recorded_fingerprint(out) == current:
@@ -437,11 +438,21 @@ def run_certify(path, out, s_values: Sequence[int], options: CertifyOptions, wor
                   file=sys.stderr)
             return out
         return _run_locked(path, out, s_values, options, workers, scheduler, skip_invalid, progress,
-                           chunk_rows, current)
+                           chunk_rows, current, provenance)
 
 
-#: the key of the results fingerprint in the output's Parquet (schema) metadata
+#: the keys of the results fingerprint and of the provenance record (the command line and the
+#: dump manifest's model, options and command) in the output's Parquet (schema) metadata
 FINGERPRINT_KEY = b"forcedweight.certify.fingerprint"
+PROVENANCE_KEY = b"forcedweight.certify.provenance"
+
+
+def dump_summary(manifest: dict | None) -> dict | None:
+    """The parts of a dump manifest a results file records (model, options, versions, command)."""
+    if not manifest:
+        return None
+    keep = ("model", "model_source", "dtype", "options", "texts", "versions", "command", "n_rows", "complete")
+    return {k: manifest[k] for k in keep if k in manifest}
 
 
 def results_fingerprint(path, s_values, options: CertifyOptions, skip_invalid: bool) -> dict:
@@ -465,7 +476,7 @@ def recorded_fingerprint(out: Path) -> dict | None:
 
 def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, workers: int,
                 scheduler: str | None, skip_invalid: bool, progress: bool, chunk_rows: int,
-                results_fp: dict | None = None) -> Path:
+                results_fp: dict | None = None, provenance: dict | None = None) -> Path:
     """``run_certify`` once the output lock is held."""
     _check_paths(path, out)
 
@@ -546,6 +557,8 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
     if results_fp is not None:
         meta = dict(table.schema.metadata or {})
         meta[FINGERPRINT_KEY] = json.dumps(results_fp).encode()
+        if provenance is not None:
+            meta[PROVENANCE_KEY] = json.dumps(provenance).encode()
         table = table.replace_schema_metadata(meta)
     fio.write_table_atomic(table, out)
     shutil.rmtree(parts, ignore_errors=True)

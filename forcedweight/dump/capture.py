@@ -292,7 +292,7 @@ def dump_rows(
         architecture=dict(layers=n_layers, heads=n_heads, kv_heads=n_kv,
                           head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads),
         versions=package_versions(), device=str(param.device), backend=backend,
-        n_rows=int(sum(counts)), complete=False,
+        n_rows=int(sum(counts)), complete=False, command=fio.command_line(),
     )
     _prepare_out_dir(out_dir)
     manifest_path = out_dir / "manifest.json"

@@ -16,6 +16,7 @@ Every write is atomic, and the whole report is staged and moved into place toget
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from forcedweight.errors import InputError
 from forcedweight.io import atomic_path, command_line, staged_outputs
 from forcedweight.report import figures
 from forcedweight.report.markdown import render_markdown
+from forcedweight.report.provenance import REPORT_KEY, results_provenance, settings_lines
 from forcedweight.report.metrics import load_groups, load_results
 from forcedweight.report.tables import compute_tables, group_summary, write_table
 
@@ -72,11 +74,14 @@ def build_report(
         tdir, fdir = stage / "tables", stage / "figures"
         for d in (tdir, fdir):
             d.mkdir(parents=True, exist_ok=True)
-        written_tables = {name: write_table(t, tdir / name) for name, t in tables.items()}
+        records = results_provenance(results_path)
+        report_command = command or command_line()
+        meta = {REPORT_KEY: json.dumps({"inputs": records, "report_command": report_command}).encode()}
+        written_tables = {name: write_table(t, tdir / name, meta) for name, t in tables.items()}
         written_figures = figures.write_all(df, tables, fdir, hard_threshold)
         text = render_markdown(
             tables, stage, written_tables, written_figures, results_path, groups_path,
-            command or command_line(), hard_threshold, n_boot, seed,
+            report_command, hard_threshold, n_boot, seed, settings_lines(records),
         )
         with atomic_path(stage / "report.md") as tmp:
             Path(tmp).write_text(text)

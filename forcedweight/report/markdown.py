@@ -29,7 +29,7 @@ def package_versions_text() -> str:
 
 
 def render_markdown(tables, out, written_tables, written_figures, results_path, groups_path,
-                    command, hard_threshold, n_boot, seed) -> str:
+                    command, hard_threshold, n_boot, seed, settings=()) -> str:
     """``report.md``: headline table pooled per (model, s), then links and the command."""
     pooled = {name: t.filter(pl.col("scope") == "pooled") for name, t in tables.items() if "scope" in t.columns}
     med = pooled["medians"]
@@ -102,8 +102,7 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
         lines += ["", "Left out (no row has their inputs): " + ", ".join(f"`{m[6:]}`" for m in left["metric"].to_list()) + "."]
     lines += ["", "## Settings", "", f"- bootstrap: {n_boot} resamples, seed {seed}; hard threshold κ > {hard_threshold}",
               f"- package versions: {package_versions_text()}",
-              "- the certify settings (solver, limits, pool sizes, seed) are those of the command that wrote the results; "
-              "see its `state`/metadata and docs/certify.md"]
+              *(settings or ["- certify and dump settings: not recorded in the results file"])]
     lines += ["", "## Definitions", "",
               "Full definitions: [docs/concepts.md](../docs/concepts.md) in the forcedweight repository.", "",
               "- E(S): the forced-weight error ‖Σ_{i∈S} p_i v_i / p(S) − μ‖ of keeping S (μ = Σ p_i v_i); "

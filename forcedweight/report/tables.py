@@ -191,11 +191,14 @@ def group_summary(gdf: pl.DataFrame, n_boot: int = 2000, seed: int = 0) -> pl.Da
     return pl.DataFrame(recs, infer_schema_length=None)
 
 
-def write_table(df: pl.DataFrame, base: Path) -> list[Path]:
-    """Write ``base.csv`` and ``base.parquet`` atomically."""
+def write_table(df: pl.DataFrame, base: Path, metadata: dict[bytes, bytes] | None = None) -> list[Path]:
+    """Write ``base.csv`` and ``base.parquet`` atomically; ``metadata`` goes into the Parquet schema."""
     csv, parquet = base.with_suffix(".csv"), base.with_suffix(".parquet")
     with atomic_path(csv) as tmp:
         df.write_csv(tmp)
-    write_table_atomic(df.to_arrow(), parquet)
+    table = df.to_arrow()
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    write_table_atomic(table, parquet)
     return [csv, parquet]
 
