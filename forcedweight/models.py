@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,32 @@ def _quiet_gguf_bar():
         yield
     finally:
         gguf_utils.tqdm = original
+
+
+def peek_architecture(spec: str | os.PathLike | None = None) -> tuple[int, int] | None:
+    """``(layers, query heads)`` of a model read from its metadata only, before any weights load.
+
+    A Hugging Face directory: its ``config.json`` (``text_config`` for multimodal configs). A ``.gguf``
+    (the embedded default included): the ``<arch>.block_count`` and ``<arch>.attention.head_count``
+    fields. None when the metadata cannot be read (the caller then checks after the load).
+    """
+    path = embedded_gguf_path() if spec is None or str(spec) == DEFAULT_MODEL else Path(spec)
+    try:
+        if path.is_dir():
+            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            cfg = cfg.get("text_config", cfg)
+            return int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+        if path.suffix == ".gguf":
+            import gguf
+
+            reader = gguf.GGUFReader(str(path))
+            arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+            layers = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+            heads = int(reader.fields[f"{arch}.attention.head_count"].parts[-1][0])
+            return layers, heads
+    except (OSError, KeyError, ValueError, IndexError, TypeError):
+        return None
+    return None
 
 
 def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", device: str = "cpu",

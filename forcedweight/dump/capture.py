@@ -260,8 +260,14 @@ def dump_rows(
         raise InputError(f"--stats-s: budgets must be >= 1, got {stats_s[0]}")
     if backend not in ("auto", "torch", "triton"):
         raise InputError(f"backend: unknown {backend!r} (auto, torch, triton)")
-    parse_index_list(layers, "--layers")  # a malformed list fails now, not after the model load
-    parse_index_list(heads, "--heads")
+    # a malformed or out-of-range list fails now, not after the model load (ranges from the model's
+    # metadata when it can be read without loading the weights)
+    wanted_layers, wanted_heads = parse_index_list(layers, "--layers"), parse_index_list(heads, "--heads")
+    if (wanted_layers or wanted_heads) and not isinstance(model, models.LoadedModel):
+        shape = models.peek_architecture(model)
+        if shape is not None:
+            _check_range(wanted_layers, shape[0], "--layers", "layer")
+            _check_range(wanted_heads, shape[1], "--heads", "head")
     if not isinstance(model, models.LoadedModel):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -395,3 +395,20 @@ def test_smollm2_rows_equal_float64_recomputation(smollm2, tmp_path):
     # the built-in corpus is "a few thousand tokens" with the real tokenizer
     n_tokens = sum(len(smollm2.tokenizer(t)["input_ids"]) for t in builtin_texts())
     assert 2000 <= n_tokens <= 6000
+
+
+def test_out_of_range_layers_fail_before_the_model_loads(tiny_dir, tmp_path, monkeypatch):
+    """A --layers/--heads outside the model is refused from its config, before any weights load."""
+    from forcedweight import models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    with pytest.raises(InputError, match=r"--layers: layer 7 out of range \(the model has 3 layers"):
+        dump_rows(str(tiny_dir), TEXTS, tmp_path / "out", layers="0,7", progress=False)
+    with pytest.raises(InputError, match=r"--heads: head 99 out of range"):
+        dump_rows(str(tiny_dir), TEXTS, tmp_path / "out", heads="99", progress=False)
+    assert models.peek_architecture(tiny_dir)[0] == 3
+    assert models.peek_architecture() == (30, 9)  # the embedded SmolLM2 GGUF, from its metadata only
+    assert not (tmp_path / "out").exists()
