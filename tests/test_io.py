@@ -72,3 +72,35 @@ def test_atomic_write_fsyncs_before_rename(tmp_path, monkeypatch):
     fio.write_table_atomic(pa.table({"x": [1, 2, 3]}), target)
     assert calls[:2] == ["fsync", "replace"]  # file flushed before it is renamed into place
     assert pq.read_table(target).column("x").to_pylist() == [1, 2, 3]
+
+
+def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
+    """A second dump / evaluate on an output another process holds is refused with one line, nothing run."""
+    import subprocess
+    import sys
+    import time
+
+    import pytest
+
+    from forcedweight.deploy.evaluate import evaluate
+    from forcedweight.dump import dump_rows
+    from forcedweight.errors import InputError
+    from forcedweight.io import lock_path_for
+
+    for out in (tmp_path / "dump", tmp_path / "eval"):
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time; from forcedweight.io import output_lock\n"
+            f"with output_lock({str(out)!r}, 'test holder'):\n"
+            "    print('held', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            with pytest.raises(InputError, match=rf"pid {holder.pid}"):
+                if out.name == "dump":
+                    dump_rows("no-such-model", ["x"], out, progress=False)
+                else:
+                    evaluate("no-such-model", tmp_path / "no-tasks.jsonl", out, ["none"])
+            assert not out.exists() and lock_path_for(out).exists()
+        finally:
+            holder.kill()
+            holder.wait()
+        time.sleep(0.1)

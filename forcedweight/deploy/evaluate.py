@@ -275,7 +275,7 @@ def _row_key(r: dict) -> tuple:
             r["budget"], bool(r["query_aware"]))
 
 
-def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[str] = ("uniform",),
+def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[str] = ("uniform",),
              compression_ratios: Sequence[float] | None = None, budgets: Sequence[float] | None = None,
              max_examples: int | None = None, query_aware: bool = False, seed: int = 0,
              methods: Sequence[str] = (),
@@ -355,3 +355,15 @@ def evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[st
     if report:
         write_report(results, out / "report")
     return results
+
+
+def evaluate(model, tasks, out, *args, **kwargs) -> Path:
+    """Run the evaluation into ``out`` (every option: ``_evaluate``), holding ``io.output_lock(out)``:
+    a second run on the same output while this one runs is refused with one line naming the holder."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    with fio.output_lock(out, "evaluate"):
+        return _evaluate(model, tasks, out, *args, **kwargs)
+
+
+evaluate.__doc__ += "\n" + (_evaluate.__doc__ or "")

@@ -210,7 +210,7 @@ def _check_range(values: list[int] | None, total: int, option: str, what: str) -
     return values
 
 
-def dump_rows(
+def _dump_rows(
     model,
     texts: Sequence[str],
     out_dir: str | os.PathLike,
@@ -384,3 +384,23 @@ def _write_layer(out_dir: Path, cap: LayerCapture, text_id: int, first_row_id: i
         with pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=["model"]) as writer:
             for batch in batches:
                 writer.write_batch(batch)
+
+
+def dump_rows(model, texts: Sequence[str], out_dir: str | os.PathLike, *args, **kwargs) -> Path:
+    """Capture attention rows into ``out_dir`` (see ``_dump_rows`` for every option).
+
+    The whole run holds ``io.output_lock(out_dir)``: a second dump into the same directory while
+    this one runs is refused with one line naming the holder.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out: {out}: exists and is not a directory")
+    try:  # the lock file lives beside the output directory
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out: {out}: cannot create the output directory ({exc.strerror or exc})") from None
+    with fio.output_lock(out, "dump"):
+        return _dump_rows(model, texts, out_dir, *args, **kwargs)
+
+
+dump_rows.__doc__ += "\n" + (_dump_rows.__doc__ or "")
