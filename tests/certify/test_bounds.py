@@ -123,7 +123,7 @@ def test_two_node_limited_runs_give_identical_outputs(tmp_path):
     st_ = outs[0]["status"].to_list()
     assert "unsolved" in st_ or "improved" in st_  # the node limit did stop searches
     open_ = outs[0].filter(pl.col("proved").not_())
-    assert ((open_["gap"] - (open_["es_best"] - open_["lower_bound"]) / open_["es_best"]).abs() < 1e-12).all()
+    assert ((open_["bound_gap"] - (open_["es_best"] - open_["lower_bound"]) / open_["es_best"]).abs() < 1e-12).all()
 
 
 def test_warm_up_runs_once_per_process():
