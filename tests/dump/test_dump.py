@@ -410,5 +410,11 @@ def test_out_of_range_layers_fail_before_the_model_loads(tiny_dir, tmp_path, mon
     with pytest.raises(InputError, match=r"--heads: head 99 out of range"):
         dump_rows(str(tiny_dir), TEXTS, tmp_path / "out", heads="99", progress=False)
     assert models.peek_architecture(tiny_dir)[0] == 3
-    assert models.peek_architecture() == (30, 9)  # the embedded SmolLM2 GGUF, from its metadata only
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.smollm2
+def test_the_embedded_gguf_architecture_is_read_from_its_metadata():
+    from forcedweight import models
+
+    assert models.peek_architecture() == (30, 9)  # SmolLM2-135M: 30 layers, 9 query heads
