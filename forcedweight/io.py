@@ -392,3 +392,45 @@ def progress(label: str, enabled: bool = True, transient: bool = False):
         disable=not enabled,
         transient=transient,
     )
+
+
+def prepare_work_dir(parts: Path, state: dict, note) -> dict[str, int]:
+    """The hidden work directory of a resumable run: reuse it when its ``state.json`` matches ``state``.
+
+    Returns the parts recorded there as finished (name -> record count; empty for a new directory).
+    A directory left by a run with another fingerprint is cleared (``note`` says so) and started
+    over. Used by ``certify`` (shards) and ``evaluate`` (examples).
+    """
+    state_file = parts / "state.json"
+    if parts.exists():
+        try:
+            old = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            old = None
+        recorded = old.pop("parts", {}) if isinstance(old, dict) else {}
+        if old == state and isinstance(recorded, dict):
+            return {str(k): int(v) for k, v in recorded.items()}
+        note(f"note: {parts} holds parts of a run with other input or options; starting over")
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True)
+    write_work_state(parts, state, {})
+    return {}
+
+
+def write_work_state(parts: Path, state: dict, done: dict[str, int]) -> None:
+    """``state.json`` of a work directory: the run's fingerprint and its finished parts (atomic)."""
+    with atomic_path(parts / "state.json") as tmp:
+        tmp.write_text(json.dumps({**state, "parts": done}, indent=1))
+
+
+def parquet_json_metadata(path: str | os.PathLike, key: bytes) -> dict | None:
+    """The JSON record stored under ``key`` in a Parquet file's schema metadata (None when absent,
+    unreadable, or the file does not exist)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta[key])
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None

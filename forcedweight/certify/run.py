@@ -321,33 +321,6 @@ def fingerprint(path, s_values, options: CertifyOptions, skip_invalid: bool, chu
             "options": options.to_dict(), "skip_invalid": bool(skip_invalid), "chunk_rows": chunk_rows}
 
 
-def prepare_parts_dir(parts: Path, state: dict, note) -> dict[str, int]:
-    """Create the work directory, or reuse it when its state matches; else clear it.
-
-    Returns the parts recorded as finished (name -> row count) by the run that left them.
-    """
-    state_file = parts / "state.json"
-    if parts.exists():
-        try:
-            old = json.loads(state_file.read_text())
-        except (OSError, ValueError):
-            old = None
-        recorded = old.pop("parts", {}) if isinstance(old, dict) else {}
-        if old == state and isinstance(recorded, dict):
-            return {str(k): int(v) for k, v in recorded.items()}
-        note(f"note: {parts} holds parts of a run with other input or options; starting over")
-        shutil.rmtree(parts)
-    parts.mkdir(parents=True)
-    write_state(parts, state, {})
-    return {}
-
-
-def write_state(parts: Path, state: dict, done: dict[str, int]) -> None:
-    """``state.json``: the run's fingerprint and the finished parts with their row counts (atomic)."""
-    with fio.atomic_path(parts / "state.json") as tmp:
-        tmp.write_text(json.dumps({**state, "parts": done}, indent=1))
-
-
 def part_problem(file: Path, expected_rows: int, recorded_rows: int | None) -> str | None:
     """Why a finished part cannot be trusted on resume (None when it can).
 
@@ -465,13 +438,7 @@ def results_fingerprint(path, s_values, options: CertifyOptions, skip_invalid: b
 
 def recorded_fingerprint(out: Path) -> dict | None:
     """The fingerprint stored in an existing output (None: no output, or none recorded/readable)."""
-    if not out.is_file():
-        return None
-    try:
-        meta = pq.read_schema(out).metadata or {}
-        return json.loads(meta[FINGERPRINT_KEY])
-    except (OSError, KeyError, ValueError, pa.ArrowException):
-        return None
+    return fio.parquet_json_metadata(out, FINGERPRINT_KEY)
 
 
 def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, workers: int,
@@ -496,7 +463,7 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
             raise RowError(result[1], result[2], result[3])
         fio.write_table_atomic(result[1], parts / shard.name)
         done[shard.name] = result[1].num_rows
-        write_state(parts, state, done)
+        fio.write_work_state(parts, state, done)
         written += 1
         if kill_after and written >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -505,7 +472,7 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
     ok = False
     try:
         state = fingerprint(path, s_values, options, skip_invalid, chunk_rows)
-        done = prepare_parts_dir(parts, state, note)
+        done = fio.prepare_work_dir(parts, state, note)
         with _progress(progress, total) as advance:
             pending: dict = {}
 

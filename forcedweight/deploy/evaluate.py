@@ -36,10 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from forcedweight import io as fio
 from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
@@ -139,31 +137,6 @@ def _fingerprint(tasks, model_spec: str, seed: int, query_aware: bool, policy_op
     return {"version": STATE_VERSION, "tasks": [str(Path(tasks).resolve()), st.st_size, st.st_mtime_ns],
             "model": model_spec, "seed": int(seed), "query_aware": bool(query_aware),
             "policy_options": {k: policy_options[k] for k in sorted(policy_options)}}
-
-
-def _previous_state(results: Path) -> dict | None:
-    """The fingerprint stored in a finished ``results.parquet`` (None when absent or unreadable)."""
-    try:
-        meta = pq.read_schema(results).metadata or {}
-        return json.loads(meta[STATE_KEY.encode()])
-    except (OSError, KeyError, ValueError, pa.ArrowInvalid):
-        return None
-
-
-def _prepare_parts(parts: Path, state: dict, note) -> None:
-    state_file = parts / "state.json"
-    if parts.exists():
-        try:
-            old = json.loads(state_file.read_text())
-        except (OSError, ValueError):
-            old = None
-        if old == state:
-            return
-        note(f"note: {parts} holds parts of a run with other tasks or options; starting over")
-        shutil.rmtree(parts)
-    parts.mkdir(parents=True)
-    with fio.atomic_path(state_file) as tmp:
-        tmp.write_text(json.dumps(state, indent=1))
 
 
 def _done_keys(parts: Path) -> tuple[set, list[Path]]:
@@ -323,8 +296,8 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
     spec = loaded.source if not isinstance(model, (LoadedModel, tuple)) else f"python:{loaded.name}"
     state = _fingerprint(tasks, spec, seed, query_aware, options)
     fresh = not parts.exists()
-    _prepare_parts(parts, state, note)
-    if fresh and _previous_state(results) == state:  # a finished run of the same inputs: reuse its rows
+    fio.prepare_work_dir(parts, state, note)
+    if fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state:  # a finished run of the same inputs: reuse its rows
         shutil.copyfile(results, parts / "part-previous.parquet")
     done, _ = _done_keys(parts)
     kill_after = int(os.environ.get(KILL_HOOK, "0") or 0)
