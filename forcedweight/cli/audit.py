@@ -7,22 +7,7 @@ from typing import List, Optional
 
 import typer
 
-
-def _split(values: Optional[List[str]]) -> list[str]:
-    """Repeated options, each possibly comma-separated (``--policy a,b --policy c``)."""
-    return [v.strip() for item in (values or []) for v in str(item).split(",") if v.strip()]
-
-
-def _numbers(values: Optional[List[str]], option: str, kind=float) -> list:
-    from forcedweight.errors import InputError
-
-    out = []
-    for v in _split(values):
-        try:
-            out.append(kind(v))
-        except ValueError:
-            raise InputError(f"{option}: {v!r} is not {'an integer' if kind is int else 'a number'}") from None
-    return out
+from forcedweight.cli.options import numbers, split_list
 
 
 def audit(
@@ -63,10 +48,10 @@ def audit(
         import torch
 
         torch.set_num_threads(threads)
-    layer_list = _numbers(layers, "--layers", int) or None
-    path = run(model, tasks, out, _split(policy), _numbers(compression_ratio, "--compression-ratio"),
-               _split(allocator) or ["uniform"], _split(part) or list(PARTS), layer_list,
-               _numbers(s, "--s", int) or [8, 32, 128], _split(selection) or list(SELECTIONS), steps, solver,
+    layer_list = numbers(layers, "--layers", int) or None
+    path = run(model, tasks, out, split_list(policy), numbers(compression_ratio, "--compression-ratio"),
+               split_list(allocator) or ["uniform"], split_list(part) or list(PARTS), layer_list,
+               numbers(s, "--s", int) or [8, 32, 128], split_list(selection) or list(SELECTIONS), steps, solver,
                time_limit, threshold, max_examples, memory_examples, ceiling_examples, seed, progress)
     typer.echo(str(path))
 

@@ -8,21 +8,7 @@ from typing import List, Optional
 
 import typer
 
-def _split(values: Optional[List[str]]) -> list[str]:
-    """Repeated options, each possibly comma-separated (``--policy a,b --policy c``)."""
-    return [v.strip() for item in (values or []) for v in str(item).split(",") if v.strip()]
-
-
-def _floats(values: Optional[List[str]], option: str) -> list[float]:
-    from forcedweight.errors import InputError
-
-    out = []
-    for v in _split(values):
-        try:
-            out.append(float(v))
-        except ValueError:
-            raise InputError(f"{option}: {v!r} is not a number") from None
-    return out
+from forcedweight.cli.options import numbers, split_list
 
 
 def evaluate(
@@ -67,11 +53,11 @@ def evaluate(
         import torch
 
         torch.set_num_threads(threads)
-    path = run(model, tasks, out, _split(policy), _split(allocator) or ["uniform"],
-               compression_ratios=_floats(compression_ratio, "--compression-ratio") or None,
-               budgets=_floats(budget, "--budget") or None, max_examples=max_examples,
-               query_aware=query_aware, seed=seed, methods=_split(method), progress=progress, report=report,
-               policy_options={p: {"tau": parse_tau(tau)} for p in _split(policy) + [m.split("/")[0] for m in _split(method)]
+    path = run(model, tasks, out, split_list(policy), split_list(allocator) or ["uniform"],
+               compression_ratios=numbers(compression_ratio, "--compression-ratio") or None,
+               budgets=numbers(budget, "--budget") or None, max_examples=max_examples,
+               query_aware=query_aware, seed=seed, methods=split_list(method), progress=progress, report=report,
+               policy_options={p: {"tau": parse_tau(tau)} for p in split_list(policy) + [m.split("/")[0] for m in split_list(method)]
                                if p.startswith("sampled-")})
     typer.echo(str(path))
 

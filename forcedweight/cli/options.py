@@ -1,0 +1,23 @@
+"""Parsing of the list options the commands share (``--policy a,b --policy c``, ``--s 8,32``)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from forcedweight.errors import InputError
+
+
+def split_list(values: Optional[List[str]]) -> list[str]:
+    """Repeated options, each possibly comma-separated (``--policy a,b --policy c``)."""
+    return [v.strip() for item in (values or []) for v in str(item).split(",") if v.strip()]
+
+
+def numbers(values: Optional[List[str]], option: str, kind=float) -> list:
+    """``split_list`` parsed as numbers (``kind`` float or int); InputError naming the option."""
+    out = []
+    for v in split_list(values):
+        try:
+            out.append(kind(v))
+        except ValueError:
+            raise InputError(f"{option}: {v!r} is not {'an integer' if kind is int else 'a number'}") from None
+    return out
