@@ -6,8 +6,9 @@ from forcedweight.kernels.ragged_decode import (
     BACKENDS,
     ragged_decode,
     segment_decode,
+    validate_features,
     validate_ragged,
     validate_segments,
 )
 
-__all__ = ["BACKENDS", "ragged_decode", "segment_decode", "validate_ragged", "validate_segments"]
+__all__ = ["BACKENDS", "ragged_decode", "segment_decode", "validate_features", "validate_ragged", "validate_segments"]

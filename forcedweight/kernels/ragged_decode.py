@@ -8,6 +8,7 @@ CUDA tensors go to the Triton split-K kernel, CPU tensors to the PyTorch path; `
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -54,6 +55,21 @@ def _validate_tensors(q, k, v, named_ints, bias) -> None:
             raise InputError(f"ragged_decode: bias must be a [T] = [{k.shape[0]}] tensor, got {shape}")
         if bias.dtype not in (torch.float32, torch.float64) or bias.device != q.device:
             raise InputError(f"ragged_decode: bias must be float32 on {q.device}, got {bias.dtype} on {bias.device}")
+
+
+def validate_features(q, softcap, sinks) -> None:
+    """``softcap``: None or a finite number > 0; ``sinks``: None or a float Tensor [Hq] on q's device."""
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
+                or softcap <= 0:
+            raise InputError(f"ragged_decode: softcap must be None or a finite number > 0, got {softcap!r}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.shape != (q.shape[1],):
+            shape = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+            raise InputError(f"ragged_decode: sinks must be a [Hq] = [{q.shape[1]}] tensor, got {shape}")
+        if sinks.dtype not in _FLOAT or sinks.device != q.device:
+            raise InputError(f"ragged_decode: sinks must be a float tensor on {q.device}, got {sinks.dtype} on "
+                             f"{sinks.device}")
 
 
 def _heads(B, Hq, S, what) -> tuple[int, int, int]:
@@ -117,16 +133,19 @@ def _backend(q, backend):
     return backend
 
 
-def _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options, return_lse=True):
+def _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options, return_lse=True,
+              softcap=None, sinks=None):
     if backend == "reference":
-        return segment_decode_reference(q, k, v, starts, lengths, bias, sm_scale)
+        return segment_decode_reference(q, k, v, starts, lengths, bias, sm_scale, softcap, sinks)
     if backend == "torch":  # kernel_options (num_splits, block_n, max_len) concern the Triton launch only
-        return segment_decode_torch(q, k, v, starts, lengths, bias, sm_scale, host=host, return_lse=return_lse)
-    return segment_decode_triton(q, k, v, starts, lengths, bias, sm_scale, **kernel_options)
+        return segment_decode_torch(q, k, v, starts, lengths, bias, sm_scale, host=host, return_lse=return_lse,
+                                    softcap=softcap, sinks=sinks)
+    return segment_decode_triton(q, k, v, starts, lengths, bias, sm_scale, softcap=softcap, sinks=sinks,
+                                 **kernel_options)
 
 
 def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None = None, check_indptr: bool = True,
-                  **kernel_options):
+                  softcap=None, sinks=None, **kernel_options):
     """Decode attention of one query token per head over ragged per-(batch, KV head) segments.
 
     Parameters
@@ -141,6 +160,10 @@ def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None
     backend : None (CUDA → "triton", CPU → "torch"), or "triton", "torch", "reference".
     check_indptr : validate indptr's values (a host read; callers that built indptr themselves pass
         False to skip the device sync).
+    softcap : None (off) or a float ``c > 0``: scaled logits ``s -> c * tanh(s / c)`` before the bias and
+        the softmax (Gemma 2's attention-logit soft-capping).
+    sinks : None or Tensor [Hq] (float): one learned sink logit per query head that joins the softmax
+        denominator and carries no value (gpt-oss).
     kernel_options : passed to the Triton launch (``num_splits``, ``block_n``, ``max_len`` = the longest
         segment, which saves a device sync); ignored by the other backends.
 
@@ -148,16 +171,19 @@ def ragged_decode(q, k, v, indptr, bias=None, sm_scale=None, backend: str | None
     -------
     out : Tensor [B, Hq, Dv] in q's dtype (float64 for the reference); zeros for an empty segment
     lse : Tensor [B, Hq] float32 (float64 for the reference), natural-log log-sum-exp of the
-        biased scaled logits; ``-inf`` for an empty segment.
+        (capped) biased scaled logits and the sink; ``-inf`` for an empty segment without a sink.
     """
     validate_ragged(q, k, v, indptr, bias, check_indptr)
+    validate_features(q, softcap, sinks)
     backend = _backend(q, backend)
     ptr = indptr.to(torch.int64)
-    return _dispatch(backend, q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, None, kernel_options)
+    return _dispatch(backend, q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, None, kernel_options,
+                     softcap=softcap, sinks=sinks)
 
 
 def segment_decode(q, k, v, starts, lengths, bias=None, sm_scale=None, backend: str | None = None,
-                   check: bool = True, host=None, return_lse: bool = True, **kernel_options):
+                   check: bool = True, host=None, return_lse: bool = True, softcap=None, sinks=None,
+                   **kernel_options):
     """Decode attention over segment extents of a K/V buffer (the layout of
     :class:`~forcedweight.deploy.ragged_cache.RaggedKVCache`, spare rows between segments included).
 
@@ -168,7 +194,7 @@ def segment_decode(q, k, v, starts, lengths, bias=None, sm_scale=None, backend: 
     starts, lengths : Tensor [B*Hkv] int32/int64: segment ``b*Hkv + h`` is rows
         ``starts[s] .. starts[s] + lengths[s] - 1``.
     bias : optional Tensor [C] float32 (entries of the segments are read; the rest is ignored).
-    sm_scale, backend, kernel_options : as :func:`ragged_decode`.
+    sm_scale, backend, softcap, sinks, kernel_options : as :func:`ragged_decode`.
     check : validate the extents' values (a host read; the cache, which built them, passes False).
     host : optional ``(starts, lengths)`` as Python lists, for the PyTorch path (no tensor reads).
     return_lse : False lets the PyTorch path skip the log-sum-exp (it may then return ``lse = None``).
@@ -178,5 +204,7 @@ def segment_decode(q, k, v, starts, lengths, bias=None, sm_scale=None, backend: 
     (out [B, Hq, Dv], lse [B, Hq]) as :func:`ragged_decode`.
     """
     validate_segments(q, k, v, starts, lengths, bias, check)
+    validate_features(q, softcap, sinks)
     backend = _backend(q, backend)
-    return _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options, return_lse)
+    return _dispatch(backend, q, k, v, starts, lengths, bias, sm_scale, host, kernel_options, return_lse,
+                     softcap=softcap, sinks=sinks)

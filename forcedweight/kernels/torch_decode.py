@@ -14,6 +14,10 @@ Segment ``s`` is rows ``starts[s] .. starts[s] + lengths[s] - 1`` of a buffer ``
   per-segment softmax is a scatter (``scatter_reduce`` amax, ``index_add_``) (a cross-check).
 
 Accumulation in float32 (float64 inputs stay float64; float16/bfloat16 segments are widened to float32).
+
+``softcap`` (Gemma 2: scaled logits ``s -> c * tanh(s / c)``, before the bias) and ``sinks`` (gpt-oss: one
+logit per query head in the softmax denominator, no value) go through the explicit softmax (never the
+fused SDPA call).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ METHODS = ("auto", "padded", "scatter")
 
 
 def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, method="auto", chunk=1 << 16,
-                         host=None, return_lse=True):
+                         host=None, return_lse=True, softcap=None, sinks=None):
     """Ragged decode attention over segment extents on the PyTorch path.
 
     Parameters
@@ -42,6 +46,7 @@ def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, met
     return_lse : False: the caller needs only ``out`` (the attention function); then, without bias, the
         same views go through torch SDPA (one fused call instead of about ten small ops; as fast or faster
         at every length measured) and ``lse`` is returned as None.
+    softcap : None or float ``c > 0`` (logits ``s -> c * tanh(s / c)``); sinks : None or Tensor [Hq].
 
     Returns
     -------
@@ -55,29 +60,37 @@ def segment_decode_torch(q, k, v, starts, lengths, bias=None, sm_scale=None, met
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     st, ln = host if host is not None else (starts.tolist(), lengths.tolist())
-    fused = not return_lse and bias is None and method == "auto" and q.dtype == k.dtype
+    plain = softcap is None and sinks is None
+    fused = not return_lse and bias is None and method == "auto" and q.dtype == k.dtype and plain
     if fused:
         return _sdpa(q.reshape(S, G, D), k, v, st, ln, scale).reshape(B, Hq, Dv), None
     qs = q.reshape(S, G, D).to(acc) * scale
+    feats = (None if softcap is None else float(softcap),
+             None if sinks is None else sinks.to(device=q.device, dtype=acc).reshape(S // B, G).repeat(B, 1))
     if method == "auto":
         stride = _progression(st, ln)
         if stride is not None:
-            out, lse = _uniform(qs, k, v, bias, st[0], stride, ln[0], acc)
+            out, lse = _uniform(qs, k, v, bias, st[0], stride, ln[0], acc, feats)
         else:
-            out, lse = _per_segment(qs, k, v, bias, st, ln, acc)
+            out, lse = _per_segment(qs, k, v, bias, st, ln, acc, feats)
     elif method == "padded":
-        out, lse = _padded(qs, k, v, bias, st, ln, acc)
+        out, lse = _padded(qs, k, v, bias, st, ln, acc, feats)
     elif method == "scatter":
-        out, lse = _scatter(qs, k, v, bias, st, ln, acc, chunk)
+        out, lse = _scatter(qs, k, v, bias, st, ln, acc, chunk, feats)
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if feats[1] is not None:  # an empty segment's softmax is the sink alone: lse = the sink logit
+        empty = torch.tensor([n == 0 for n in ln], device=q.device)
+        lse = torch.where(empty[:, None], feats[1], lse)
     return out.reshape(B, Hq, Dv).to(q.dtype), lse.reshape(B, Hq).float()
 
 
-def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto", chunk=1 << 16):
+def ragged_decode_torch(q, k, v, indptr, bias=None, sm_scale=None, method="auto", chunk=1 << 16, softcap=None,
+                        sinks=None):
     """:func:`segment_decode_torch` over packed segments ``indptr`` [B*Hkv + 1] (k [T, D], bias [T])."""
     ptr = indptr.to(device=q.device, dtype=torch.int64)
-    return segment_decode_torch(q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, method, chunk)
+    return segment_decode_torch(q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, method, chunk,
+                                softcap=softcap, sinks=sinks)
 
 
 def _progression(st, ln):
@@ -100,18 +113,25 @@ def _strided(t, start, stride, S, n):
     return t.as_strided(size, strides, t.storage_offset() + start * t.stride(0))
 
 
-def _attend(qs, kk, vv, bb, acc, masked):
+def _attend(qs, kk, vv, bb, acc, masked, feats=(None, None)):
     """Softmax attention of ``qs`` [S', G, D] (already scaled) over ``kk`` [S', n, D], ``vv`` [S', n, Dv],
-    bias ``bb`` [S', n] or None; ``masked``: logits may be -inf (bias, padding). Returns out [S', G, Dv]
-    and lse [S', G]."""
+    bias ``bb`` [S', n] or None; ``masked``: logits may be -inf (bias, padding); ``feats`` = (softcap or
+    None, sinks [S', G] or None). Returns out [S', G, Dv] and lse [S', G]."""
+    softcap, sinks = feats
     logits = torch.bmm(qs, kk.to(acc).transpose(1, 2))  # [S', G, n]; .to is a no-op for float32
+    if softcap is not None:
+        logits = torch.tanh(logits.div_(softcap)).mul_(softcap)
     if bb is not None:
         logits.add_(bb.to(acc).unsqueeze(1))
     m = logits.amax(-1, keepdim=True)
+    if sinks is not None:
+        m = torch.maximum(m, sinks.unsqueeze(-1))
     if masked:
         m = m.masked_fill(torch.isneginf(m), 0)
     logits.sub_(m).exp_()
     denom = logits.sum(-1, keepdim=True)
+    if sinks is not None:  # the sink joins the denominator, with no value
+        denom = denom + torch.exp(sinks.unsqueeze(-1) - m)
     out = torch.bmm(logits, vv.to(acc))
     if not masked:  # every logit finite: denom >= 1
         return out.div_(denom), (m + torch.log(denom)).squeeze(-1)
@@ -142,29 +162,30 @@ def _empty(S, G, Dv, acc, device):
     return torch.zeros(S, G, Dv, dtype=acc, device=device), torch.full((S, G), -math.inf, dtype=acc, device=device)
 
 
-def _uniform(qs, k, v, bias, start, stride, n, acc):
+def _uniform(qs, k, v, bias, start, stride, n, acc, feats=(None, None)):
     S, G, _ = qs.shape
     if n == 0:
         return _empty(S, G, v.shape[1], acc, qs.device)
     kk, vv = _strided(k, start, stride, S, n), _strided(v, start, stride, S, n)
     bb = None if bias is None else _strided(bias, start, stride, S, n)
-    return _attend(qs, kk, vv, bb, acc, masked=bias is not None)
+    return _attend(qs, kk, vv, bb, acc, masked=bias is not None, feats=feats)
 
 
-def _per_segment(qs, k, v, bias, st, ln, acc):
+def _per_segment(qs, k, v, bias, st, ln, acc, feats=(None, None)):
     S, G, _ = qs.shape
     out, lse = _empty(S, G, v.shape[1], acc, qs.device)
     for s, (s0, n) in enumerate(zip(st, ln)):
         if n == 0:
             continue
         bb = None if bias is None else bias[s0:s0 + n].unsqueeze(0)
+        sk = None if feats[1] is None else feats[1][s:s + 1]
         o, l_ = _attend(qs[s:s + 1], k[s0:s0 + n].unsqueeze(0), v[s0:s0 + n].unsqueeze(0), bb, acc,
-                        masked=bias is not None)
+                        masked=bias is not None, feats=(feats[0], sk))
         out[s], lse[s] = o[0], l_[0]
     return out, lse
 
 
-def _padded(qs, k, v, bias, st, ln, acc):
+def _padded(qs, k, v, bias, st, ln, acc, feats=(None, None)):
     S, G, _ = qs.shape
     lmax = max(ln) if ln else 0
     if lmax == 0:
@@ -179,10 +200,10 @@ def _padded(qs, k, v, bias, st, ln, acc):
     vv = v.index_select(0, flat).view(S, lmax, -1)
     pad = torch.zeros(S, lmax, dtype=acc, device=dev).masked_fill_(~valid, -math.inf)
     bb = pad if bias is None else pad + bias.to(acc).index_select(0, flat).view(S, lmax)
-    return _attend(qs, kk, vv, bb, acc, masked=True)
+    return _attend(qs, kk, vv, bb, acc, masked=True, feats=feats)
 
 
-def _scatter(qs, k, v, bias, st, ln, acc, chunk):
+def _scatter(qs, k, v, bias, st, ln, acc, chunk, feats=(None, None)):
     S, G, D = qs.shape
     Dv = v.shape[1]
     dev = qs.device
@@ -197,13 +218,17 @@ def _scatter(qs, k, v, bias, st, ln, acc, chunk):
     for c0 in range(0, T, chunk):
         c1 = min(T, c0 + chunk)
         logits[c0:c1] = torch.einsum("tgd,td->tg", qs[seg[c0:c1]], k.index_select(0, rows[c0:c1]).to(acc))
+    softcap, sinks = feats
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     if bias is not None:
         logits.add_(bias.to(acc).index_select(0, rows).unsqueeze(1))
-    m = torch.full((S, G), -math.inf, dtype=acc, device=dev)
+    m = torch.full((S, G), -math.inf, dtype=acc, device=dev) if sinks is None else sinks.clone()
     m.scatter_reduce_(0, seg.unsqueeze(1).expand(T, G), logits, reduce="amax", include_self=True)
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     w = torch.exp(logits - m[seg])  # [T, G]
-    denom = torch.zeros(S, G, dtype=acc, device=dev).index_add_(0, seg, w)
+    denom = torch.zeros(S, G, dtype=acc, device=dev) if sinks is None else torch.exp(sinks - m)
+    denom = denom.index_add_(0, seg, w)
     num = torch.zeros(S, G, Dv, dtype=acc, device=dev)
     for c0 in range(0, T, chunk):
         c1 = min(T, c0 + chunk)

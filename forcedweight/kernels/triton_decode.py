@@ -10,6 +10,10 @@ Stage 1 (grid: segments × splits): each program walks one split of one segment 
 partial output and its log-sum-exp. Stage 2 (grid: segments) merges the splits by log-sum-exp.
 Optional per-entry bias [T] float32 is added to the scaled logits. Empty splits and empty segments
 give lse = -inf and contribute nothing (an empty segment's output is 0).
+Optional soft-cap ``c`` (``HAS_SOFTCAP``): scaled logits ``s -> c * tanh(s / c)`` before the bias, in
+stage 1 (tanh as ``(1 - e^{-2|x|}) / (1 + e^{-2|x|})`` with the sign of x: no overflow). Optional sinks
+[Hq] (``HAS_SINKS``): stage 2 merges each head's sink logit as one more split with lse = the sink and a
+zero output (it joins the denominator, carries no value).
 
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests exercise it).
 """
@@ -27,11 +31,11 @@ import triton.language as tl
 @triton.jit
 def _split_kernel(
     Q, K, V, Bias, Starts, Lengths, OutP, LseP,
-    sm_scale, num_splits,
+    sm_scale, softcap, num_splits,
     stride_k, stride_v,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, LOW_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    HAS_BIAS: tl.constexpr, LOW_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     seg = tl.program_id(0)
     split = tl.program_id(1)
@@ -66,6 +70,11 @@ def _split_kernel(
         else:
             qk = tl.dot(q, tl.trans(kt), input_precision="ieee")
         qk = qk * sm_scale
+        if HAS_SOFTCAP:
+            x = qk / softcap
+            e = tl.exp(-2.0 * tl.abs(x))
+            th = (1.0 - e) / (1.0 + e)
+            qk = softcap * tl.where(x >= 0, th, -th)
         if HAS_BIAS:
             bt = tl.load(Bias + rows, mask=n_mask, other=0.0)
             qk = qk + bt[None, :]
@@ -96,8 +105,8 @@ def _split_kernel(
 
 @triton.jit
 def _merge_kernel(
-    OutP, LseP, Out, Lse, num_splits,
-    G: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    OutP, LseP, Out, Lse, Sinks, num_splits, HQ,
+    G: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     seg = tl.program_id(0)
     offs_g = tl.arange(0, G_PAD)
@@ -118,6 +127,14 @@ def _merge_kernel(
         acc = acc * alpha[:, None] + w[:, None] * o_s
         l = l * alpha + w
         m = m_new
+    if HAS_SINKS:  # one more "split": lse = the head's sink logit, output 0
+        sink = tl.load(Sinks + (seg * G + offs_g) % HQ, mask=g_mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, sink)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_use)
+        acc = acc * alpha[:, None]
+        l = l * alpha + tl.exp(sink - m_use)
+        m = m_new
     live = l > 0
     out = acc / tl.where(live, l, 1.0)[:, None]
     lse = tl.where(live, m + tl.log(tl.where(live, l, 1.0)), float("-inf"))
@@ -130,7 +147,8 @@ _DTYPE_SIG = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf1
 
 
 def compile_ahead(arch: int = 90, dtype=torch.bfloat16, G: int = 4, D: int = 128, DV: int = 128,
-                  block_n: int = 64, has_bias: bool = True) -> dict:
+                  block_n: int = 64, has_bias: bool = True, has_softcap: bool = True,
+                  has_sinks: bool = True) -> dict:
     """Compile both kernels for a CUDA target without a GPU (Triton's ahead-of-time path); returns
     ``{"split": [stages], "merge": [stages]}`` (e.g. ttir … cubin). Needs ``TRITON_INTERPRET`` unset.
 
@@ -145,13 +163,15 @@ def compile_ahead(arch: int = 90, dtype=torch.bfloat16, G: int = 4, D: int = 128
     t = _DTYPE_SIG[dtype]
     g_pad = max(16, triton.next_power_of_2(G))
     split_sig = {"Q": "*" + t, "K": "*" + t, "V": "*" + t, "Bias": "*fp32", "Starts": "*i64", "Lengths": "*i64", "OutP": "*fp32",
-                 "LseP": "*fp32", "sm_scale": "fp32", "num_splits": "i32", "stride_k": "i64", "stride_v": "i64"}
+                 "LseP": "*fp32", "sm_scale": "fp32", "softcap": "fp32", "num_splits": "i32", "stride_k": "i64",
+                 "stride_v": "i64"}
     split_const = {"G": G, "G_PAD": g_pad, "D": D, "BLOCK_D": triton.next_power_of_2(D), "DV": DV,
                    "BLOCK_DV": triton.next_power_of_2(DV), "BLOCK_N": block_n, "HAS_BIAS": has_bias,
-                   "LOW_PRECISION": dtype != torch.float32, "DOT_FP32": False}
+                   "LOW_PRECISION": dtype != torch.float32, "DOT_FP32": False, "HAS_SOFTCAP": has_softcap}
     split_sig.update({name: "constexpr" for name in split_const})
-    merge_sig = {"OutP": "*fp32", "LseP": "*fp32", "Out": "*" + t, "Lse": "*fp32", "num_splits": "i32"}
-    merge_const = {"G": G, "G_PAD": g_pad, "DV": DV, "BLOCK_DV": triton.next_power_of_2(DV)}
+    merge_sig = {"OutP": "*fp32", "LseP": "*fp32", "Out": "*" + t, "Lse": "*fp32", "Sinks": "*fp32",
+                 "num_splits": "i32", "HQ": "i32"}
+    merge_const = {"G": G, "G_PAD": g_pad, "DV": DV, "BLOCK_DV": triton.next_power_of_2(DV), "HAS_SINKS": has_sinks}
     merge_sig.update({name: "constexpr" for name in merge_const})
     out = {}
     for name, fn, sig, const in (("split", _split_kernel, split_sig, split_const),
@@ -178,11 +198,12 @@ def choose_num_splits(num_segments: int, max_len: int, block_n: int, device: tor
 
 
 def segment_decode_triton(q, k, v, starts, lengths, bias=None, sm_scale=None, num_splits=None, block_n=None,
-                          max_len=None):
+                          max_len=None, softcap=None, sinks=None):
     """Triton split-K decode over segment extents; arguments and returns as
     :func:`forcedweight.kernels.segment_decode` (inputs assumed validated). ``num_splits`` and ``block_n``
     override the launch choice; ``max_len`` (longest segment, if the caller knows it) avoids reading
-    ``lengths`` on the host (a device sync on CUDA)."""
+    ``lengths`` on the host (a device sync on CUDA). ``softcap`` (float) and ``sinks`` ([Hq]) as
+    :func:`forcedweight.kernels.ragged_decode`."""
     B, Hq, D = q.shape
     S = starts.numel()
     G = Hq // (S // B)
@@ -208,22 +229,23 @@ def segment_decode_triton(q, k, v, starts, lengths, bias=None, sm_scale=None, nu
     lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device)
     has_bias = bias is not None
     bias_t = bias.to(torch.float32).contiguous() if has_bias else lse_p  # dummy pointer when absent
+    sinks_t = sinks.to(device=q.device, dtype=torch.float32).contiguous() if sinks is not None else lse_p
     _split_kernel[(S, num_splits)](
         q, k, v, bias_t, starts, lengths, out_p, lse_p,
-        scale, num_splits, k.stride(0), v.stride(0),
+        scale, 1.0 if softcap is None else float(softcap), num_splits, k.stride(0), v.stride(0),
         G=G, G_PAD=g_pad, D=D, BLOCK_D=triton.next_power_of_2(D),
         DV=DV, BLOCK_DV=triton.next_power_of_2(DV), BLOCK_N=block_n,
         HAS_BIAS=has_bias, LOW_PRECISION=q.dtype != torch.float32,
-        DOT_FP32=q.dtype == torch.bfloat16 and _interpreting(),
+        DOT_FP32=q.dtype == torch.bfloat16 and _interpreting(), HAS_SOFTCAP=softcap is not None,
     )
     _merge_kernel[(S,)](
-        out_p, lse_p, out, lse, num_splits,
-        G=G, G_PAD=g_pad, DV=DV, BLOCK_DV=triton.next_power_of_2(DV),
+        out_p, lse_p, out, lse, sinks_t, num_splits, Hq,
+        G=G, G_PAD=g_pad, DV=DV, BLOCK_DV=triton.next_power_of_2(DV), HAS_SINKS=sinks is not None,
     )
     return out, lse
 
 
-def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, **launch):
+def ragged_decode_triton(q, k, v, indptr, bias=None, sm_scale=None, **launch):  # launch: softcap, sinks too
     """:func:`segment_decode_triton` over packed segments ``indptr`` [B*Hkv + 1]."""
     ptr = indptr.to(torch.int64)
     return segment_decode_triton(q, k, v, ptr[:-1], ptr[1:] - ptr[:-1], bias, sm_scale, **launch)
