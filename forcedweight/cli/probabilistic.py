@@ -17,12 +17,11 @@ group = typer.Typer(no_args_is_help=True, help="Probabilistic eviction with impo
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
+    """A comma-separated option as numbers (``cli.options.numbers``); at least one value."""
+    from forcedweight.cli.options import numbers
     from forcedweight.errors import InputError
 
-    try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InputError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+    vals = tuple(numbers([text], option))
     if not vals:
         raise InputError(f"{option}: no values given")
     return vals
