@@ -1,7 +1,13 @@
 """Fix ContourKV's two parameters (beta, recent_floor) on continuation cross-entropy of a SEPARATE task
-file (its own seed and length, never the evaluation's), with the kvzip score.
+file (its own seed and length, never the evaluation's) or of OTHER TEXTS (``--texts``: text files
+none of the evaluation's contexts come from, e.g. the project's own docs/*.md), with the kvzip score.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tune_contourkv.py --tasks TUNE.jsonl --out tune.csv
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tune_contourkv.py --texts 'docs/*.md' --tokens 1000 --out tune.csv
+
+``--texts``: each file (sorted, at least ``tokens + 128`` tokens long) gives one continuation example:
+its first ``tokens`` tokens are the context, the next 128 the continuation; the examples are written
+beside ``--out`` as ``<out>.tasks.jsonl`` so the run can be repeated from them.
 
 For every example: one prefill, kvzip scored once, then for every (beta, recent_floor) and ratio the
 ContourKV selection evicted in the ragged cache and the continuation's mean NLL teacher-forced
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import glob
 import itertools
 import sys
 import time
@@ -26,13 +33,29 @@ from forcedweight.deploy.contourkv import ContourKVAllocator
 from forcedweight.deploy.evaluate_protocol import continuation_nll, prompt_ids
 from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
-from forcedweight.deploy.tasks import CONTINUATION_TASK, read_tasks
+from forcedweight.deploy.tasks import CONTINUATION_TASK, read_tasks, write_tasks
 from forcedweight.models import load_model
+
+
+def text_examples(paths: list[str], tokenizer, tokens: int, continuation_tokens: int = 128) -> list[dict]:
+    """One continuation example per text file long enough (kvpress columns, as ``forcedweight tasks``)."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            ids = tokenizer.encode(f.read(), add_special_tokens=False)
+        if len(ids) < tokens + continuation_tokens:
+            continue
+        out.append({"context": tokenizer.decode(ids[:tokens]), "question": "", "answer_prefix": "",
+                    "answer": [tokenizer.decode(ids[tokens:tokens + continuation_tokens])], "max_new_tokens": 0,
+                    "task": CONTINUATION_TASK, "id": f"text-{len(out)}:{path}"})
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", required=True)
+    ap.add_argument("--tasks", default=None)
+    ap.add_argument("--texts", default=None, help="glob of text files: continuation examples from them")
+    ap.add_argument("--tokens", type=int, default=1000, help="context tokens per --texts example")
     ap.add_argument("--out", required=True)
     ap.add_argument("--policy", default="kvzip")
     ap.add_argument("--betas", default="0,0.05,0.1,0.25,0.5")
@@ -44,7 +67,13 @@ def main(argv=None) -> int:
     loaded = load_model("smollm2")
     model, tok = loaded.model, loaded.tokenizer
     use_ragged_attention(model)
-    examples = [e for e in read_tasks(args.tasks, args.max_examples) if e["task"] == CONTINUATION_TASK]
+    if (args.tasks is None) == (args.texts is None):
+        ap.error("give exactly one of --tasks and --texts")
+    if args.texts is not None:
+        examples = text_examples(sorted(glob.glob(args.texts)), tok, args.tokens)[: args.max_examples]
+        write_tasks(examples, args.out + ".tasks.jsonl")
+    else:
+        examples = [e for e in read_tasks(args.tasks, args.max_examples) if e["task"] == CONTINUATION_TASK]
     betas = [float(b) for b in args.betas.split(",")]
     floors = [int(f) for f in args.floors.split(",")]
     ratios = [float(r) for r in args.ratios.split(",")]
