@@ -11,7 +11,8 @@ sigma = 3, "flat" sigma = 0.5. ``--real``: rows of a ``forcedweight dump`` whose
 (``pool.pool_optimum``: enumeration, or the pool-restricted bnb at s = 32, and its unproved set
 when better), as ``forcedweight certify`` gives them. Every Numba kernel is compiled first
 (``certify.warmup.warm_up``). "gap" = (value − lower_bound) / value of the open rows; "open lb>0" =
-open rows whose proved lower bound is above 0.
+open rows whose proved lower bound is above 0; "rows/s" = rows over the seconds of the pool optimum
+and the solver together (one process).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def make_row(n, sigma, d, seed):
 
 
 def real_rows(path, ns, k, s, seed):
-    """{n: [(p, V, row_id), ...]}: a seeded random sample of k rows with N in [0.8 n, n]."""
+    """{n: [(p, V, row_id, layer), ...]}: a seeded random sample of k rows with N in [0.8 n, n]."""
     from forcedweight.rows import Row, iter_rows
 
     ids = {n: [] for n in ns}
@@ -53,7 +54,7 @@ def real_rows(path, ns, k, s, seed):
     for i, r in enumerate(iter_rows(path, skip_invalid=True)):
         for n in ns:
             if i in pick[n]:
-                out[n].append((r.p, r.V, getattr(r, "row_id", i)))
+                out[n].append((r.p, r.V, getattr(r, "row_id", i), r.extra.get("layer", -1)))
     return out
 
 
@@ -72,6 +73,8 @@ def main():
     ap.add_argument("--node-limit", type=int, default=None, help="bnb node limit (deterministic stop)")
     ap.add_argument("--relax-iters", type=int, default=None,
                     help="bnb relaxation-bound FISTA steps on open nodes (0 = off; default: the solver's)")
+    ap.add_argument("--split-work", type=float, default=None,
+                    help="bnb budget for splitting open first-level nodes into {k, j} children (0 = off)")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",")]
     real = real_rows(args.real, ns, args.rows, args.s, args.seed) if args.real else None
@@ -82,22 +85,26 @@ def main():
     rows_desc = f"real rows from {args.real}" if args.real else f"d = {args.d}, synthetic"
     print(f"s = {args.s}, {rows_desc}, up to {args.rows} rows per cell, "
           f"time limit {args.time_limit} s\n")
-    print("| N | kind | solver | proved | median s (proved) | median s (all) | "
+    print("| N | kind | solver | proved | median s (proved) | median s (all) | rows/s | "
           "improved on pool | median gap open | open lb>0 | pool size (median) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in ns:
         for kind, sigma in KINDS.items() if args.real is None else [("real", None)]:
             if args.real is None:
                 data = [make_row(n, sigma, args.d, 1000 * n + i) for i in range(args.rows)]
                 rids = list(range(len(data)))
+                layers = [-1] * len(data)
             else:
-                data = [(p, V) for p, V, _ in real[n]]
-                rids = [rid for _, _, rid in real[n]]
+                data = [(p, V) for p, V, _, _ in real[n]]
+                rids = [rid for _, _, rid, _ in real[n]]
+                layers = [layer for _, _, _, layer in real[n]]
                 if not data:
                     continue
-            starts, psize = [], []
+            starts, psize, psecs = [], [], []
             for p, V in data:
+                t = time.perf_counter()
                 pool, v0, S0, extra = pool_optimum(p, V, args.s)
+                psecs.append(time.perf_counter() - t)
                 if extra is not None:
                     v0, S0 = op.forced_error(p, V, extra), extra
                 starts.append((v0, S0))
@@ -105,11 +112,13 @@ def main():
             for name in names:
                 proved, secs, secs_ok, better, gaps, pos = 0, [], [], 0, [], 0
                 k = len(data) if name != "scip" or args.rows_scip is None else args.rows_scip
-                for (p, V), (v0, S0), rid in list(zip(data, starts, rids))[:k]:
+                for (p, V), (v0, S0), rid, layer, ps in list(zip(data, starts, rids, layers, psecs))[:k]:
                     t = time.perf_counter()
                     kw = {"node_limit": args.node_limit} if name == "bnb" and args.node_limit else {}
                     if name == "bnb" and args.relax_iters is not None:
                         kw["relax_iters"] = args.relax_iters
+                    if name == "bnb" and args.split_work is not None:
+                        kw["split_work"] = args.split_work
                     r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit, **kw)
                     dt = time.perf_counter() - t
                     secs.append(dt)
@@ -120,15 +129,16 @@ def main():
                         gaps.append(1 - r.lower_bound / r.value)
                         pos += r.lower_bound > 0
                     better += r.value < v0 * (1 - 1e-9)
-                    per_row.append(dict(n=n, kind=kind, solver=name, row_id=str(rid),
-                                        n_keys=len(p), s=args.s, proved=r.proved, seconds=dt,
+                    per_row.append(dict(n=n, kind=kind, solver=name, row_id=str(rid), layer=layer,
+                                        n_keys=len(p), s=args.s, proved=r.proved, seconds=dt, pool_seconds=ps,
                                         value=r.value, lower_bound=r.lower_bound, pool=v0,
                                         nodes=r.info.get("nodes", -1) if r.info else -1))
                 k = len(secs)
                 med_ok = f"{np.median(secs_ok):.3g}" if secs_ok else "-"
                 gap = f"{np.median(gaps):.3g}" if gaps else "-"
+                rate = k / (sum(secs) + sum(psecs[:k]))  # rows per second, pool optimum + solver, one process
                 print(f"| {n} | {kind} | {name} | {proved}/{k} | {med_ok} | "
-                      f"{np.median(secs):.3g} | {better}/{k} | {gap} | {pos}/{len(gaps)} | "
+                      f"{np.median(secs):.3g} | {rate:.3g} | {better}/{k} | {gap} | {pos}/{len(gaps)} | "
                       f"{int(np.median(psize))} |", flush=True)
     if args.csv:
         import csv

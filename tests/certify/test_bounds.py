@@ -152,3 +152,51 @@ def test_cli_node_limit(tmp_path):
         assert ok.exit_code == 0, ok.output
         outs.append(pl.read_parquet(out).drop("seconds"))
     assert outs[0].equals(outs[1]) and outs[0]["status"][0] in ("unsolved", "improved")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(5, 13), d=st.integers(1, 8),
+       peak=st.sampled_from([0.3, 1.0, 2.5]), nodes=st.integers(1, 40), data=st.data())
+def test_split_first_level_bounds_stay_below_brute_force(seed, n, d, peak, nodes, data):
+    """Splitting the open first-level nodes into {k, j} children: every bound stays <= the
+    brute-force optimum, is never below the unsplit bound, and the search itself is unchanged."""
+    p, V = _pv(seed, n, d, peak)
+    s = data.draw(st.integers(2, n - 1))
+    opt, _ = brute_force_best(p, V, s)
+    split = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0, split_work=1e9)
+    plain = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0, split_work=0)
+    assert 0.0 <= split.lower_bound <= opt * (1 + 1e-12) + 1e-300  # a proof (float64, relative 1e-12)
+    assert split.lower_bound >= plain.lower_bound
+    assert split.value == plain.value and split.info["nodes"] == plain.info["nodes"]
+    rb = root_bound(p, V, s, split_work=1e9)
+    assert rb >= root_bound(p, V, s, split_work=0) and rb <= opt * (1 + 1e-12) + 1e-300
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(4, 12), d=st.integers(1, 8),
+       peak=st.sampled_from([0.3, 1.0, 2.5]), relax=st.sampled_from([0, 20]), data=st.data())
+def test_children_minimum_is_below_the_brute_force_node_minimum(seed, n, d, peak, relax, data):
+    """_children_min(k, j_from) against brute force over the sets whose first key (by mass rank)
+    is k and second key is >= j_from."""
+    import itertools
+
+    from forcedweight.certify.solvers import bnb
+
+    p, V = _pv(seed, n, d, peak)
+    s = data.draw(st.integers(2, n - 1))
+    order = op.rank_order(p)
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, cum = bnb._prepared(op.centred_contributions(p, V), p, order, s)
+    k = data.draw(st.integers(0, n - s))
+    j_from = data.draw(st.integers(k + 1, n - s + 1))
+    exact = np.inf
+    for rest in itertools.combinations(range(j_from, n), s - 1):
+        S = [k, *rest]
+        w = pw[S].sum()
+        if w > 0:
+            exact = min(exact, np.linalg.norm(A[S].sum(axis=0)) / w)
+    top = 2.0 * exact if np.isfinite(exact) and exact > 0 else 1.0
+    N = n
+    v, work = bnb._children_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k, j_from, top, gamma, 30, relax,
+                                np.zeros((3, d)), np.zeros(3), np.zeros(3), np.zeros((3, N)), np.empty(N),
+                                np.empty(s), np.zeros(s, np.int64), np.empty(d), np.empty(d), np.zeros(N))
+    assert 0.0 <= v <= exact * (1 + 1e-12) + 1e-300 and work > 0

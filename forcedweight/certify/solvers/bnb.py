@@ -53,6 +53,7 @@ DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md,
 POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
 BOUND_ITERS = 30  # bisection steps of an open node's bound (relative precision 2**-30)
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
+SPLIT_WORK = 2e8  # most key-steps (children x remaining keys) spent splitting first-level nodes
 
 
 @njit(cache=True)
@@ -320,8 +321,45 @@ def _relaxed(yT, wT, A, pw, nrm, k, r, top, relax_iters):
 
 
 @njit(cache=True)
+def _children_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k, j_from, top, gamma, iters, relax_quick,
+                  ys2, ws2, bs2, cs2, g, buf, bidx, yv, gv, h):
+    """min over the children ``T = {k, j}`` (j >= j_from, j > k; the rest from keys > j) of the
+    first-level node ``{k}``, capped at ``top``, and the key-steps spent.
+
+    Every completion of ``{k}`` has a second key j > k, so the minimum is a bound over the node
+    (over its part with second key >= j_from). Each child gets the bisection of its tests and,
+    below the running minimum, the quick relaxation (``relax_quick`` FISTA steps, 0 = off).
+    s = 2: the children are the sets ``{k, j}`` themselves (their E, rounded down).
+    """
+    N, d = A.shape
+    cur = top
+    work = 0.0
+    for j in range(min(N - s + 1, N - 1), max(j_from, k + 1) - 1, -1):
+        for q in range(d):
+            ys2[2, q] = A[k, q] + A[j, q]
+        ws2[2] = pw[k] + pw[j]
+        bs2[2] = nrm[k] + nrm[j]
+        work += N - j
+        if s == 2:
+            if ws2[2] > 0.0:
+                acc = 0.0
+                for q in range(d):
+                    acc += ys2[2, q] * ys2[2, q]
+                cur = min(cur, np.sqrt(acc) / ws2[2] * (1.0 - 4.0 * (d + 4) * _EPS))
+            continue
+        for kk in range(j + 1, N):
+            cs2[2, kk] = G[k, kk] + G[j, kk]
+        v = _node_value(2, j + 1, s, A, pw, cum, nrm, G, ys2, ws2, bs2, cs2, lo, hi, use_box, cur,
+                        gamma, g, buf, bidx, yv, gv, h, iters)
+        if v < cur and relax_quick > 0:
+            v = max(v, relax_bound(ys2[2], ws2[2], A, pw, nrm, j + 1, s - 2, cur, relax_quick, 0))
+        cur = min(cur, v)
+    return max(cur, 0.0), work
+
+
+@njit(cache=True)
 def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters,
-                     relax_iters):
+                     relax_iters, split_work):
     """min over the first-level nodes ``T = {k}`` (k >= k_from, the rest from keys > k) of their
     proved bounds, capped at ``top``: a bound over every set whose first key is >= k_from.
 
@@ -368,21 +406,45 @@ def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma,
                                    min(RELAX_QUICK, relax_iters), 0))
         vals[k] = v
         cur = min(cur, v)
-    if s == 1 or relax_iters <= RELAX_QUICK:
+    if s == 1:
         return max(cur, 0.0)
-    done = np.zeros(N, np.bool_)
-    while True:
-        kmin = -1
-        for k in range(k_from, N):
-            if kmin < 0 or vals[k] < vals[kmin]:
-                kmin = k
-        if kmin < 0 or done[kmin] or not vals[kmin] < top:
-            break
-        done[kmin] = True
-        for q in range(d):
-            ys1[1, q] = A[kmin, q]
-        vals[kmin] = max(vals[kmin], relax_bound(ys1[1], pw[kmin], A, pw, nrm, kmin + 1, s - 1, top,
-                                                 relax_iters, 1))
+    if relax_iters > RELAX_QUICK:
+        done = np.zeros(N, np.bool_)
+        while True:
+            kmin = -1
+            for k in range(k_from, N):
+                if kmin < 0 or vals[k] < vals[kmin]:
+                    kmin = k
+            if kmin < 0 or done[kmin] or not vals[kmin] < top:
+                break
+            done[kmin] = True
+            for q in range(d):
+                ys1[1, q] = A[kmin, q]
+            vals[kmin] = max(vals[kmin], relax_bound(ys1[1], pw[kmin], A, pw, nrm, kmin + 1, s - 1, top,
+                                                     relax_iters, 1))
+    if split_work > 0.0:
+        # lazily split the node with the smallest bound into its children {k, j} (smallest first,
+        # until the smallest is one already split or the work budget is spent); a node keeps the
+        # larger of its own bound and its children's minimum (both are proofs)
+        ys2 = np.zeros((3, d))
+        ws2 = np.zeros(3)
+        bs2 = np.zeros(3)
+        cs2 = np.zeros((3, N))
+        split = np.zeros(N, np.bool_)
+        spent = 0.0
+        rq = min(RELAX_QUICK, relax_iters)
+        while spent < split_work:
+            kmin = -1
+            for k in range(k_from, N):
+                if kmin < 0 or vals[k] < vals[kmin]:
+                    kmin = k
+            if kmin < 0 or split[kmin] or not vals[kmin] < top:
+                break
+            split[kmin] = True
+            v, w = _children_min(A, pw, cum, nrm, G, lo, hi, use_box, s, kmin, kmin + 1, top, gamma,
+                                 iters, rq, ys2, ws2, bs2, cs2, g, buf, bidx, yv, gv, h)
+            spent += w
+            vals[kmin] = max(vals[kmin], v)
     cur = top
     for k in range(k_from, N):
         cur = min(cur, vals[k])
@@ -391,7 +453,7 @@ def _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma,
 
 @njit(cache=True)
 def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma,
-                iters, relax_iters):
+                iters, relax_iters, split_work):
     """Proved lower bound on E over the unexplored part of a stopped search (<= best).
 
     The open frontier of the depth-first search is the current node (t_cur, idx[t_cur]) and, for
@@ -403,9 +465,9 @@ def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     N, d = A.shape
     if t_cur == 0:
         return _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0], best, gamma, iters,
-                                relax_iters)
+                                relax_iters, split_work)
     rest = _first_level_min(A, pw, cum, nrm, G, lo, hi, use_box, s, idx[0] + 1, best, gamma, iters,
-                            relax_iters)
+                            relax_iters, split_work)
     g = np.empty(N)
     buf = np.empty(s)
     bidx = np.zeros(s, np.int64)
@@ -436,12 +498,22 @@ def _open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
                         gamma, g, buf, bidx, yv, gv, h, iters)
     if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
         first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
-    return max(min(rest, max(path, first)), 0.0)
+    deep = max(path, first)
+    if deep < best and split_work > 0.0 and s >= 2:
+        # the open part of {idx[0]} has second key >= idx[1]: the children from there
+        ys2 = np.zeros((3, d))
+        ws2 = np.zeros(3)
+        bs2 = np.zeros(3)
+        cs2 = np.zeros((3, N))
+        v, _ = _children_min(A, pw, cum, nrm, G, lo, hi, use_box, s, k0, idx[1], best, gamma, iters,
+                             min(RELAX_QUICK, relax_iters), ys2, ws2, bs2, cs2, g, buf, bidx, yv, gv, h)
+        deep = max(deep, v)
+    return max(min(rest, deep), 0.0)
 
 
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
-              A=None, relax_iters: int = RELAX_ITERS) -> SolverResult:
+              A=None, relax_iters: int = RELAX_ITERS, split_work: float = SPLIT_WORK) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -459,6 +531,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         (``E(S) = ||sum_S a_i|| / p(S)``; ``V`` is then unused and ``value`` is computed from A).
     relax_iters : FISTA steps of the relaxation bound (``bounds.relax_bound``) on the open nodes
         of a stopped search whose tests prove less (0 = off; only the bound changes, not the search).
+    split_work : budget (key-steps: children x remaining keys) for splitting the open first-level
+        nodes with the smallest bounds into their children ``{k, j}`` (``_children_min``; 0 = off;
+        only the bound of a stopped search changes).
 
     Returns
     -------
@@ -534,7 +609,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         lb = value
     else:
         lb = float(_open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
-                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters)))
+                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(split_work)))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
@@ -568,7 +643,7 @@ def _prepared(A_keys, p, order, s):
     return A, pw, nrm, G, lo, hi, use_box, kappa, gamma, cum
 
 
-def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS) -> float:
+def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, split_work: float = SPLIT_WORK) -> float:
     """The proved bound of the search before any node: min over the first-level nodes ``{k}``.
 
     ``solve_bnb``'s ``lower_bound`` on a stopped search is never below it. Arrays as in
@@ -583,4 +658,4 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS) -> float:
     if s == p.shape[0]:
         return e_top
     return float(_first_level_min(A_, pw, cum, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS,
-                                  int(relax_iters)))
+                                  int(relax_iters), float(split_work)))
