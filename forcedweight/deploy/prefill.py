@@ -6,7 +6,15 @@ queries of the context, and the logits at the last position. The queries are cap
 attention function registered with transformers' ``AttentionInterface`` under its own name
 (``"forcedweight_prefill"``, switched on for the duration of the forward pass only, as
 ``forcedweight.dump.hook`` does): it hands each layer's post-RoPE ``query`` to a callback and returns
-transformers' own SDPA output, so the forward pass is that of the model with SDPA attention.
+transformers' own SDPA output, so the forward pass is that of the model with SDPA attention. A layer
+whose call carries a soft-cap (Gemma 2), learned sinks (gpt-oss) or a sliding window (Mistral, Gemma
+2/3, Phi-3, Qwen2, gpt-oss) is computed as transformers' eager attention computes it
+(:func:`forcedweight.deploy.features.feature_attention`: no mask is built for a custom attention name,
+so the causal and window masks come from positions); the Prefill records each layer's features.
+
+The Prefill's cache is a ``DynamicCache`` of full layers (built without the model config): a sliding
+layer keeps all N context entries too, so every policy sees N entries per layer; the ragged copy
+(:meth:`Prefill.ragged_cache`) is told each layer's window and drops what falls out of it.
 
 :func:`capturing_attention` is the same mechanism for other forward passes (KVzip's reconstruction
 passes); :func:`copy_dense_cache` clones a dense cache so such passes never touch the Prefill's.
@@ -26,7 +34,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.compat import cache_kwargs
-from forcedweight.deploy.features import refuse_unsupported
+from forcedweight.deploy.features import Features, feature_attention, layer_features
 from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.errors import InputError
 
@@ -35,6 +43,8 @@ ATTENTION_NAME = "forcedweight_prefill"
 # callback(layer, module, query (B, H_q, L, d), key (B, H_kv, T, d), value, scaling) -> None
 Callback = Callable[[int, torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, float], None]
 _ACTIVE: contextvars.ContextVar[Callback | None] = contextvars.ContextVar("forcedweight_prefill_cb", default=None)
+# layer -> Features of its call, while prefill_context runs
+_FEATURES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("forcedweight_prefill_features", default=None)
 
 
 def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
@@ -49,14 +59,25 @@ def prefill_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 
     Without a mask from transformers and with a past (``T > L``), an explicit bottom-right causal
     mask is passed, so reconstruction passes over a cache attend exactly as a plain causal model.
+    With a soft-cap, sinks or a sliding window the attention is transformers' eager definition, the
+    keys taken as the last T positions and the queries as the last L (a dense cache holds contiguous
+    positions).
     """
     cb = _ACTIVE.get()
-    refuse_unsupported(module, kwargs, key.shape[2], "the context prefill")
+    feats = layer_features(module, kwargs, query.shape[1], "the context prefill")
+    record = _FEATURES.get()
+    if record is not None:
+        record[int(getattr(module, "layer_idx", -1))] = feats
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if cb is not None:
         cb(int(getattr(module, "layer_idx", -1)), module, query, key, value, float(scaling))
     q_len, k_len = query.shape[2], key.shape[2]
+    if not feats.plain:
+        if attention_mask is not None:
+            raise InputError("--model: the context prefill takes no attention mask with soft-cap, sinks or a window")
+        pos = torch.arange(k_len, device=query.device)
+        return feature_attention(query, key, value, float(scaling), pos[k_len - q_len:], pos, feats), None
     if attention_mask is None and q_len > 1 and k_len != q_len:
         attention_mask = _causal_mask(q_len, k_len, query.device)[None, None]
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -113,6 +134,9 @@ class Prefill:
     cache : DynamicCache, the context's K/V after the prefill; never mutated.
     queries : per layer (H_q, N, d) post-RoPE float32 queries of the context.
     logits_last : (vocab,) logits at the last context position.
+    scaling : the layers' attention scaling.
+    features : per layer, the :class:`~forcedweight.deploy.features.Features` of its attention call
+        (soft-cap, sinks, sliding window); empty: plain causal attention everywhere.
     """
 
     model: "PreTrainedModel"  # noqa: F821
@@ -122,6 +146,12 @@ class Prefill:
     queries: list[torch.Tensor]
     logits_last: torch.Tensor
     scaling: float = 0.0
+    features: list = None
+
+    @property
+    def windows(self) -> list:
+        """Per layer its sliding window (None: full attention)."""
+        return [f.window for f in (self.features or [Features()] * self.n_layers)]
 
     # --- shapes --------------------------------------------------------------------------------
     @property
@@ -174,8 +204,11 @@ class Prefill:
         """Causal softmax attention of the context's queries, float64 (H_q, R, N).
 
         Row r is the query at position ``t = range(N)[rows][r]``; it sees keys ``0..t`` (zeros
-        beyond). GQA: query head h reads KV head ``h // group_size``.
+        beyond), within the layer's sliding window (``> t - W``), with its soft-cap applied. Learned
+        sinks are left out: the row is the softmax over the keys alone, summing to 1 (the dump's rows
+        make the same choice, docs/families.md). GQA: query head h reads KV head ``h // group_size``.
         """
+        feats = self.features[layer] if self.features else Features()
         n = self.n_tokens
         pos = torch.arange(n, device=self.queries[layer].device)
         if rows is not None:
@@ -183,13 +216,18 @@ class Prefill:
         q = self.queries[layer][:, pos].double()  # (H_q, R, d)
         k = self.keys(layer).double().repeat_interleave(self.group_size, dim=0)  # (H_q, N, d)
         logits = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        if feats.softcap is not None:
+            logits = torch.tanh(logits / feats.softcap) * feats.softcap
         mask = torch.arange(n, device=pos.device)[None, :] > pos[:, None]
+        if feats.window is not None:
+            mask = mask | (torch.arange(n, device=pos.device)[None, :] <= pos[:, None] - feats.window)
         logits = logits.masked_fill(mask[None], float("-inf"))
         return torch.softmax(logits, dim=-1).cpu().numpy()
 
     def ragged_cache(self) -> RaggedKVCache:
-        """A fresh, unevicted ragged copy of the context's cache (cloned, never re-prefilled)."""
-        return RaggedKVCache.from_dense(copy_dense_cache(self.cache))
+        """A fresh, unevicted ragged copy of the context's cache (cloned, never re-prefilled); its
+        sliding-window layers know their windows (entries keep their positions through eviction)."""
+        return RaggedKVCache.from_dense(copy_dense_cache(self.cache), windows=self.windows)
 
 
 def prefill_context(model, tokenizer, context_ids: torch.Tensor) -> Prefill:
@@ -218,9 +256,14 @@ def prefill_context(model, tokenizer, context_ids: torch.Tensor) -> Prefill:
         queries[layer] = query[0].detach().float().clone()
         scaling.append(scale)
 
-    cache = DynamicCache(config=model.config)
-    with capturing_attention(model, record), torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
+    cache = DynamicCache()  # full layers: a sliding layer keeps all N entries too (policies see N per layer)
+    features: dict = {}
+    token = _FEATURES.set(features)
+    try:
+        with capturing_attention(model, record), torch.inference_mode():
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
+    finally:
+        _FEATURES.reset(token)
     missing = [i for i, q in enumerate(queries) if q is None]
     if missing:
         raise InputError(
@@ -230,7 +273,8 @@ def prefill_context(model, tokenizer, context_ids: torch.Tensor) -> Prefill:
     if len(set(scaling)) != 1:
         raise InputError("--model: layers use different attention scalings; policies assume one")
     return Prefill(model=model, tokenizer=tokenizer, context_ids=ids, cache=cache, queries=queries,
-                   logits_last=out.logits[0, -1].detach().float().clone(), scaling=scaling[0])
+                   logits_last=out.logits[0, -1].detach().float().clone(), scaling=scaling[0],
+                   features=[features.get(i, Features()) for i in range(n_layers)])
 
 
 __all__ = ["ATTENTION_NAME", "Prefill", "capturing_attention", "copy_dense_cache", "prefill_attention",

@@ -16,6 +16,18 @@ is spare capacity (never read). Why extents with a shared spare rather than page
 - An unevicted layer, or one evicted to the same budget everywhere, has equal lengths and capacities:
   its segments are one strided ``[S, cap, D]`` view (the decode path needs no per-segment work).
 
+- A **sliding-window layer** (window ``W``: Mistral, Gemma 2/3, Phi-3, Qwen2 with
+  ``use_sliding_window``, gpt-oss; given by ``RaggedKVCache(windows=...)``, by a dense sliding layer in
+  :meth:`RaggedKVCache.from_dense`, or by the layer's first attention call) also stores each entry's
+  position, int32, in a host (CPU) buffer ``pos`` [C] beside ``k``/``v`` (counted in ``physical_bytes``;
+  evicted entries keep their original positions). Before an update appends tokens at positions
+  ``seen ..``, every entry at a position ``<= seen - W`` is dropped: no query from then on can see it
+  (transformers' window: a query at ``p`` sees keys at ``> p - W``). Entries are in position order in
+  their segment, so the dropped ones are a prefix: the segment's start advances (no copy) and the rows
+  become dead space, released at the next relayout (which copies only the entries held). A decode step
+  (one token at ``p``) therefore attends at most ``W`` entries, all inside its window; a multi-token
+  update's queries are masked by position (:mod:`forcedweight.deploy.attention`).
+
 ``get_seq_length`` counts tokens processed, not entries held, so positions (RoPE) stay right after
 eviction. ``update`` returns a :class:`RaggedKV` view (as both "keys" and "values") that the attention
 function of :mod:`forcedweight.deploy.attention` consumes.
@@ -53,6 +65,9 @@ class RaggedKV:
     new_k, new_v : Tensor [B, Hkv, L, D] / [B, Hkv, L, Dv], the appended states (a prefill over an empty
         past attends them directly).
     seen : int, tokens processed by the layer including this update (what a sliding window compares to).
+    pos : Tensor [C] int32 on the CPU (each row's position), or None (a layer without a window).
+    window : int or None, the layer's sliding window.
+    layer : the :class:`RaggedLayer` (the attention function tells it its window on the first call).
     """
 
     k: torch.Tensor
@@ -69,6 +84,9 @@ class RaggedKV:
     new_k: torch.Tensor
     new_v: torch.Tensor
     seen: int = 0  # tokens the layer has processed, this update's included (positions 0 .. seen - 1)
+    pos: torch.Tensor | None = None
+    window: int | None = None
+    layer: object = None
 
     @property
     def shape(self) -> tuple:
@@ -93,11 +111,22 @@ def physical_bytes(tensors) -> int:
 
 
 def _uniform_stride(starts, lengths, caps):
-    """The common capacity W when all segments have equal length and capacity and ``starts[s] = s*W``."""
-    w, n = caps[0], lengths[0]
-    if all(c == w for c in caps) and all(x == n for x in lengths) and all(s == i * w for i, s in enumerate(starts)):
-        return w
-    return None
+    """``(offset, W)`` when all segments have equal length and capacity ``c <= W`` and
+    ``starts[s] = offset + s*W`` (a trimmed window advances every start alike), else None."""
+    c, n = caps[0], lengths[0]
+    if any(x != c for x in caps) or any(x != n for x in lengths):
+        return None
+    w = starts[1] - starts[0] if len(starts) > 1 else c
+    if w < c or any(s != starts[0] + i * w for i, s in enumerate(starts)):
+        return None
+    return starts[0], w
+
+
+def _rows(t, offset: int, stride: int, S: int, n: int):
+    """Rows ``offset + s*stride + i`` (s < S, i < n) of ``t`` [C] or [C, D] as an [S, n(, D)] view."""
+    size = (S, n) + tuple(t.shape[1:])
+    strides = (stride * t.stride(0),) + tuple(t.stride())
+    return t.as_strided(size, strides, t.storage_offset() + offset * t.stride(0))
 
 
 class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue (forcedweight.compat)
@@ -107,25 +136,31 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
     ----------
     growth : spare rows per segment as a fraction of the mean segment length (slack ≈ growth).
     min_spare : spare rows per segment at least when a relayout is forced by an append.
+    window : the layer's sliding window ``W`` (None: full attention); see the module docstring.
     """
 
     is_compileable = False
     is_croppable = False
     is_sliding = False
 
-    def __init__(self, growth: float = GROWTH, min_spare: int = MIN_SPARE, **kwargs):
+    def __init__(self, growth: float = GROWTH, min_spare: int = MIN_SPARE, window: int | None = None, **kwargs):
         super().__init__()
         if not growth >= 0 or min_spare < 1:
             raise InputError(f"RaggedKVCache: growth must be >= 0 and min_spare >= 1, got {growth}, {min_spare}")
+        _check_window(window)
         self.growth, self.min_spare = float(growth), int(min_spare)
+        self.window = None if window is None else int(window)
         self.relayouts = 0
         self._clear()
 
     def _clear(self):
         self.k = self.v = self.bias = None
+        self.pos = None  # int32 [C] on the CPU: each row's position (sliding-window layers only)
+        self.evicted = False
         self.starts_t = self.lengths_t = None  # device copies (what the Triton kernel reads)
         self.starts, self.lengths_h, self.caps = [], [], []
-        self.stride = None  # common capacity of a uniform layout, else None
+        self.stride = None  # common row stride of a uniform layout, else None
+        self.offset = 0  # first row of a uniform layout
         self.k4 = self.v4 = None  # uniform layout: the buffers as [B, Hkv, cap, D] views
         self.room = self.max_len = 0  # min over segments of capacity - length; the longest segment
         self.batch = self.kv_heads = 0
@@ -139,6 +174,8 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         self.batch, self.kv_heads = B, Hkv
         self.k = key_states.new_empty(0, D)
         self.v = value_states.new_empty(0, value_states.shape[-1])
+        if self.window is not None:
+            self.pos = torch.empty(0, dtype=torch.int32)
         self.starts, self.lengths_h, self.caps = [0] * S, [0] * S, [0] * S
         self._sync_metadata()
         self.is_initialized = True
@@ -155,6 +192,8 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
             raise ValueError(
                 f"RaggedKVCache: update with batch/heads {(B, Hkv)}, cache holds {(self.batch, self.kv_heads)}"
             )
+        if self.pos is not None:
+            self.trim(self.seen)  # the first new query (at position seen) sees positions > seen - W only
         if L > self.room:
             S = B * Hkv
             spare = max(self.min_spare, math.ceil(self.growth * (sum(self.lengths_h) / S + L)))
@@ -169,14 +208,72 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
             self.k.index_copy_(0, rows, key_states.reshape(S * L, D).to(self.k.dtype))
             self.v.index_copy_(0, rows, value_states.reshape(S * L, Dv).to(self.v.dtype))
         # spare rows of the bias buffer are zero since allocation: appended entries have bias 0
+        if self.pos is not None:
+            rows = (torch.tensor(self.starts) + torch.tensor(self.lengths_h))[:, None] + torch.arange(L)
+            new_pos = torch.arange(self.seen, self.seen + L, dtype=torch.int32).expand(rows.shape[0], L)
+            self.pos.index_copy_(0, rows.reshape(-1), new_pos.reshape(-1))
         self.lengths_h = [n + L for n in self.lengths_h]
         self.lengths_t.add_(L)
         self.room -= L
         self.max_len += L
         self.seen += L
-        view = RaggedKV(self.k, self.v, self.starts_t, self.lengths_t, self.starts, self.lengths_h, self.bias, L,
-                        B, Hkv, self.max_len, key_states, value_states, self.seen)
+        view = self.view(key_states, value_states)
         return view, view
+
+    def view(self, key_states, value_states) -> RaggedKV:
+        """The :class:`RaggedKV` of the layer as it is now, after an update appending ``key_states``."""
+        return RaggedKV(self.k, self.v, self.starts_t, self.lengths_t, self.starts, self.lengths_h, self.bias,
+                        key_states.shape[2], self.batch, self.kv_heads, self.max_len, key_states, value_states,
+                        self.seen, self.pos, self.window, self)
+
+    # --- sliding window ---------------------------------------------------------------------------
+    def set_window(self, window: int) -> bool:
+        """Declare the layer's sliding window (from its attention call); True if it was not known before.
+
+        A layer that was never evicted holds, per segment, the last ``n`` positions it processed, so its
+        positions are materialised now. One evicted before its window was known cannot be: refused.
+        """
+        _check_window(window)
+        if self.window == window and (self.pos is not None or not self.is_initialized):
+            return False
+        if self.window is not None and self.window != window:
+            raise InputError(f"RaggedKVCache: layer was given sliding window {self.window}, its attention uses {window}")
+        if self.evicted:
+            raise InputError(
+                f"RaggedKVCache: a layer with a sliding window of {window} tokens was evicted before its window "
+                "was known (entry positions lost): build the cache with RaggedKVCache(windows=...) "
+                "(Prefill.ragged_cache does)"
+            )
+        self.window = int(window)
+        if self.is_initialized:
+            self.pos = torch.zeros(self.k.shape[0], dtype=torch.int32)
+            self._implicit_positions()
+        return True
+
+    def _implicit_positions(self) -> None:
+        """Positions of a never-evicted layer: segment s holds positions ``seen - n_s .. seen - 1``."""
+        for s0, n in zip(self.starts, self.lengths_h):
+            self.pos[s0:s0 + n] = torch.arange(self.seen - n, self.seen, dtype=torch.int32)
+
+    def trim(self, first_query: int) -> int:
+        """Drop the entries no query at position >= ``first_query`` can see (positions <= first_query - W):
+        a prefix of each segment, so starts advance and nothing is copied. Returns the entries dropped."""
+        if self.pos is None or not self.is_initialized:
+            return 0
+        thr = int(first_query) - self.window
+        drops = []
+        for s0, n in zip(self.starts, self.lengths_h):
+            if n == 0 or int(self.pos[s0]) > thr:
+                drops.append(0)
+            else:
+                drops.append(int(torch.searchsorted(self.pos[s0:s0 + n], thr, right=True)))
+        if not any(drops):
+            return 0
+        self.starts = [s0 + d for s0, d in zip(self.starts, drops)]
+        self.lengths_h = [n - d for n, d in zip(self.lengths_h, drops)]
+        self.caps = [c - d for c, d in zip(self.caps, drops)]
+        self._sync_metadata()
+        return sum(drops)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.seen + query_length, 0
@@ -208,18 +305,20 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         """Refresh everything derived from the host lists after a layout change."""
         self.starts_t = torch.tensor(self.starts, dtype=torch.int64, device=self.device)
         self.lengths_t = torch.tensor(self.lengths_h, dtype=torch.int64, device=self.device)
-        self.stride = _uniform_stride(self.starts, self.lengths_h, self.caps)
+        uniform = _uniform_stride(self.starts, self.lengths_h, self.caps)
+        self.offset, self.stride = uniform if uniform is not None else (0, None)
         self.room = min(c - n for c, n in zip(self.caps, self.lengths_h))
         self.max_len = max(self.lengths_h)
-        if self.stride is not None:
-            B, Hkv, w = self.batch, self.kv_heads, self.stride
-            self.k4 = self.k[:B * Hkv * w].view(B, Hkv, w, self.k.shape[1])
-            self.v4 = self.v[:B * Hkv * w].view(B, Hkv, w, self.v.shape[1])
+        if self.stride is not None:  # [B, Hkv, cap, D] views of the buffers (row stride W, first row offset)
+            B, Hkv, S, cap = self.batch, self.kv_heads, self.batch * self.kv_heads, self.caps[0]
+            self.k4 = _rows(self.k, self.offset, self.stride, S, cap).view(B, Hkv, cap, self.k.shape[1])
+            self.v4 = _rows(self.v, self.offset, self.stride, S, cap).view(B, Hkv, cap, self.v.shape[1])
         else:
             self.k4 = self.v4 = None
 
     def _allocate(self, caps):
-        """New buffers for capacities ``caps`` (bias zero-filled); returns (k, v, bias, starts)."""
+        """New buffers for capacities ``caps`` (bias zero-filled; positions, when the layer has a window,
+        on the CPU); returns (k, v, bias, starts) and sets ``self._new_pos``."""
         starts, c = [], 0
         for cap in caps:
             starts.append(c)
@@ -227,27 +326,26 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         k = self.k.new_empty(c, self.k.shape[1])
         v = self.v.new_empty(c, self.v.shape[1])
         bias = None if self.bias is None else torch.zeros(c, dtype=torch.float32, device=self.device)
+        self._new_pos = None if self.pos is None else torch.zeros(c, dtype=torch.int32)
         return k, v, bias, starts
 
     def _relayout(self, caps) -> None:
         """Move every segment's entries into new buffers with capacities ``caps`` (O(entries held))."""
         k, v, bias, starts = self._allocate(caps)
+        pos = self._new_pos
         S, lengths = len(caps), self.lengths_h
         w_new = caps[0] if all(c == caps[0] for c in caps) else None
+        pairs = [(k, self.k), (v, self.v)] + ([(bias, self.bias)] if bias is not None else []) \
+            + ([(pos, self.pos)] if pos is not None else [])
         if self.stride is not None and w_new is not None:  # uniform to uniform: one strided copy each
-            n, w = lengths[0], self.stride
-            pairs = [(k, self.k), (v, self.v)] + ([(bias, self.bias)] if bias is not None else [])
-            pairs = pairs if n > 0 else []
-            for new, old in pairs:
-                shape = (S, -1) if new.dim() == 1 else (S, -1, new.shape[1])
-                new[:S * w_new].view(*shape)[:, :n].copy_(old[:S * w].view(*shape)[:, :n])
+            n = lengths[0]
+            for new, old in (pairs if n > 0 else []):
+                _rows(new, 0, w_new, S, n).copy_(_rows(old, self.offset, self.stride, S, n))
         else:
             for s0_new, s0, n in zip(starts, self.starts, lengths):
-                k[s0_new:s0_new + n] = self.k[s0:s0 + n]
-                v[s0_new:s0_new + n] = self.v[s0:s0 + n]
-                if bias is not None:
-                    bias[s0_new:s0_new + n] = self.bias[s0:s0 + n]
-        self.k, self.v, self.bias, self.starts, self.caps = k, v, bias, starts, list(caps)
+                for new, old in pairs:
+                    new[s0_new:s0_new + n] = old[s0:s0 + n]
+        self.k, self.v, self.bias, self.pos, self.starts, self.caps = k, v, bias, pos, starts, list(caps)
         self._sync_metadata()
         self.relayouts += 1
 
@@ -262,6 +360,14 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         s = b * self.kv_heads + h
         s0, n = self.starts[s], self.lengths_h[s]
         return self.k[s0:s0 + n], self.v[s0:s0 + n]
+
+    def segment_positions(self, b: int, h: int) -> torch.Tensor | None:
+        """The int32 positions [n] of batch ``b``, KV head ``h``'s entries (a view), or None (no window)."""
+        if self.pos is None:
+            return None
+        s = b * self.kv_heads + h
+        s0, n = self.starts[s], self.lengths_h[s]
+        return self.pos[s0:s0 + n]
 
     def segment_bias(self, b: int, h: int) -> torch.Tensor | None:
         """The float32 bias [n] of batch ``b``, KV head ``h`` (a view), or None when the layer has none."""
@@ -304,16 +410,20 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         if bias_list is not None and self.bias is None:
             self.bias = torch.zeros(0, dtype=torch.float32, device=self.device)  # so _allocate makes one
         k, v, new_bias, starts = self._allocate([n + spare for n in counts])
+        new_pos = self._new_pos
         dst = torch.cat([torch.arange(s0, s0 + n, device=self.device) for s0, n in zip(starts, counts)])
         flat = torch.cat(src)
         k.index_copy_(0, dst, self.k.index_select(0, flat))
         v.index_copy_(0, dst, self.v.index_select(0, flat))
+        if new_pos is not None:  # evicted entries keep their original positions
+            new_pos.index_copy_(0, dst.cpu(), self.pos.index_select(0, flat.cpu()))
         if bias_list is not None:
             new_bias.index_copy_(0, dst, torch.cat(kept_bias))
         elif new_bias is not None:
             new_bias.index_copy_(0, dst, self.bias.index_select(0, flat))
         # dropping the references to the old buffers frees them
-        self.k, self.v, self.bias, self.starts = k, v, new_bias, starts
+        self.k, self.v, self.bias, self.pos, self.starts = k, v, new_bias, new_pos, starts
+        self.evicted = True
         self.lengths_h, self.caps = counts, [n + spare for n in counts]
         self._sync_metadata()
 
@@ -327,8 +437,8 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         return self.k.shape[1] * self.k.element_size() + self.v.shape[1] * self.v.element_size()
 
     def tensors(self) -> list:
-        """Every tensor the layer holds (buffers and device metadata)."""
-        return [self.k, self.v, self.bias, self.starts_t, self.lengths_t]
+        """Every tensor the layer holds (buffers, positions of a windowed layer, device metadata)."""
+        return [self.k, self.v, self.bias, self.pos, self.starts_t, self.lengths_t]
 
     def physical_bytes(self) -> int:
         return physical_bytes(self.tensors())
@@ -337,11 +447,17 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         return self.entries() * self.entry_bytes()
 
     def slack_bytes(self) -> int:
-        """Bytes of the allocated rows no entry occupies (spare capacity: K, V and bias rows)."""
+        """Bytes of the allocated rows no entry occupies (spare capacity and the dead rows a window trim
+        left: K, V, bias and position rows)."""
         if self.k is None:
             return 0
-        row = self.entry_bytes() + (4 if self.bias is not None else 0)
+        row = self.entry_bytes() + (4 if self.bias is not None else 0) + (4 if self.pos is not None else 0)
         return (self.k.shape[0] - self.entries()) * row
+
+
+def _check_window(window) -> None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise InputError(f"RaggedKVCache: a sliding window must be a positive integer or None, got {window!r}")
 
 
 def _as_list(x, batch: int, kv_heads: int, name: str) -> list:
@@ -370,17 +486,45 @@ class RaggedKVCache(Cache):
     ----------
     growth : spare capacity per segment as a fraction of the mean segment length (default 1/64).
     min_spare : spare rows per segment at least when an append forces a relayout (default 8).
+    windows : optional sliding window per layer (a list, None entries for full layers, or a dict
+        layer -> window). A layer without one learns its window from its first attention call, which
+        works unless it was evicted before that call (then refused: its entries' positions are lost).
     """
 
-    def __init__(self, growth: float = GROWTH, min_spare: int = MIN_SPARE):
+    def __init__(self, growth: float = GROWTH, min_spare: int = MIN_SPARE, windows=None):
         RaggedLayer(growth, min_spare)  # validates the options now, not at the first update
-        super().__init__(layer_class_to_replicate=partial(RaggedLayer, growth=growth, min_spare=min_spare))
+        if windows is None:
+            windows = {}
+        elif not isinstance(windows, dict):
+            windows = dict(enumerate(windows))
+        for w in windows.values():
+            _check_window(w)
+        self.windows = {int(i): w for i, w in windows.items() if w is not None}
+        make = partial(RaggedLayer, growth=growth, min_spare=min_spare)
+        # transformers appends layers in order, so the next layer's index is len(self.layers)
+        super().__init__(layer_class_to_replicate=lambda: make(window=self.windows.get(len(self.layers))))
 
     @classmethod
     def from_dense(cls, dense_cache, **options) -> "RaggedKVCache":
-        """A copy of a transformers ``DynamicCache`` (every layer's [B, Hkv, N, D] keys/values)."""
-        cache = cls(**options)
+        """A copy of a transformers ``DynamicCache`` (every layer's [B, Hkv, n, D] keys/values).
+
+        A dense sliding-window layer (transformers' ``DynamicSlidingWindowLayer`` holds only the last
+        ``W - 1`` of the tokens it processed) gives its window and its token count: the copy's entries
+        sit at the positions they hold there.
+        """
+        given = options.pop("windows", None)
+        windows = {} if given is None else dict(given) if isinstance(given, dict) else dict(enumerate(given))
         for i, layer in enumerate(dense_cache.layers):
+            w = getattr(layer, "sliding_window", None)
+            if windows.get(i) is None and isinstance(w, int) and not isinstance(w, bool):
+                windows[i] = w
+        cache = cls(windows=windows, **options)
+        for i, layer in enumerate(dense_cache.layers):
+            held = int(layer.keys.shape[2])
+            seen = int(layer.get_seq_length())
+            while len(cache.layers) <= i:
+                cache.layers.append(cache.layer_class_to_replicate())
+            cache.layers[i].seen = max(seen - held, 0)  # the held keys are the last `held` positions
             cache.update(layer.keys, layer.values, i)
         return cache
 

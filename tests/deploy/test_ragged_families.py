@@ -1,28 +1,42 @@
 """The ragged cache and its attention function on every tiny model family (issue 18, item 2).
 
-What evaluate's ``none`` policy runs (``prefill_context`` -> ``Prefill.ragged_cache`` ->
-``greedy_answer`` with the ``forcedweight_ragged`` attention) must equal ``model.generate`` with
-transformers' own attention and DynamicCache, token for token, on each family it supports. A family
-feature the ragged attention does not implement is refused with one line naming it: a sliding window
-shorter than the tokens processed, attention-logit soft-capping (Gemma 2), learned sinks (gpt-oss).
-A windowed family whose window never bites (context + answer within the window) is supported.
+1. What evaluate's ``none`` policy runs (``prefill_context`` -> ``Prefill.ragged_cache`` -> ``greedy_answer``
+   with the ``forcedweight_ragged`` attention) equals ``model.generate`` with transformers' own attention
+   and DynamicCache, token for token, on each family, with a context 2.5x the sliding window (the window
+   bites: the model's logits change when the window is lifted), soft-capping (Gemma 2) and learned sinks
+   (gpt-oss) included; through the PyTorch path and, for the families with a feature, the Triton kernel.
+2. After evicting a random subset of each (layer, KV head)'s entries, every decode step's attention
+   output equals an independent float64 eager computation over the kept entries (and the new tokens)
+   that the step's query may see: positions > p - W on a sliding layer, logits soft-capped, the sink in
+   the denominator. The reference reads the kept K/V from the Prefill's dense cache and the features
+   from the model's config and parameters, not from the ragged cache.
+3. What the deploy path does not implement is refused with one line naming it.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AttentionInterface
 
 from forcedweight import models
-from forcedweight.deploy.attention import use_ragged_attention
+from forcedweight.compat import cache_kwargs
+from forcedweight.deploy.attention import ATTENTION_NAME, ragged_attention_forward, use_ragged_attention
 from forcedweight.deploy.evaluate_protocol import greedy_answer
+from forcedweight.deploy.features import layer_features
 from forcedweight.deploy.prefill import prefill_context
+from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.errors import InputError
 
 W = models.TINY_WINDOW  # 12
-WINDOWED = {"qwen2_sliding", "mistral", "gemma3", "phi3"}
-REFUSED = {"gemma2": "soft-capping", "gpt_oss": "sinks"}
-NEW = 4  # generated tokens
+N_CTX = 30  # > 2 W: the window bites on every sliding layer
+NEW = 6  # generated tokens
+FEATURED = ("gemma2", "gpt_oss", "mistral")  # soft-cap + window, sinks + window, window on every layer
+
+
+@pytest.fixture(autouse=True)
+def _no_eos(monkeypatch):
+    monkeypatch.setattr("forcedweight.deploy.evaluate_protocol.eos_ids", lambda model: set())
 
 
 def _ids(n, seed=0):
@@ -36,33 +50,156 @@ def _generate(model, ids, n):
     return out[0, ids.shape[1]:].tolist()
 
 
-def _ours(model, ids, n):
-    """evaluate's ``none``: context prefill (all but the last token), ragged copy, greedy from the last."""
-    ragged = use_ragged_attention(model)
-    pre = prefill_context(ragged, None, ids[:, :-1])
-    return greedy_answer(ragged, pre.ragged_cache(), ids[:, -1:], pre.n_tokens, n)
+def _windows(model):
+    """Each layer's sliding window as the model's config states it (None: full attention)."""
+    cfg = model.config
+    types = getattr(cfg, "layer_types", None)
+    w = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is False:
+        w = None
+    if types is None:
+        return [w] * cfg.num_hidden_layers
+    return [w if t == "sliding_attention" else None for t in types]
 
 
-@pytest.mark.parametrize("family", [f for f in models.TINY_FAMILIES if f not in REFUSED])
-def test_none_equals_generate(family, monkeypatch):
-    monkeypatch.setattr("forcedweight.deploy.evaluate_protocol.eos_ids", lambda model: set())
-    n_ctx = W - NEW - 1 if family in WINDOWED else 24  # windowed: context + answer within the window
-    ids = _ids(n_ctx + 1, seed=3)
-    ref = _generate(models.tiny_family_model(family, 1), ids, NEW)
+@pytest.mark.parametrize("family", models.TINY_FAMILIES)
+def test_none_equals_generate(family):
+    ids = _ids(N_CTX + 1, seed=3)
+    model = models.tiny_family_model(family, 1)
+    ref = _generate(model, ids, NEW)
     assert len(ref) == NEW
-    assert _ours(models.tiny_family_model(family, 1), ids, NEW) == ref, family
+    ragged = use_ragged_attention(models.tiny_family_model(family, 1))
+    pre = prefill_context(ragged, None, ids[:, :-1])
+    cache = pre.ragged_cache()
+    assert greedy_answer(ragged, cache, ids[:, -1:], pre.n_tokens, NEW) == ref, family
+    windows = _windows(model)
+    assert pre.windows == windows
+    last = N_CTX + NEW - 1  # position of the last token fed
+    for i, w in enumerate(windows):
+        layer = cache.layers[i]
+        for h in range(layer.kv_heads):
+            if w is None:  # a full layer holds every token
+                assert layer.lengths_h[h] == last + 1
+            else:  # a sliding layer holds at most its window: exactly positions last - W + 1 .. last
+                assert layer.segment_positions(0, h).tolist() == list(range(last - W + 1, last + 1))
+    if any(w is not None for w in windows):  # the window matters: lifting it changes the model's logits
+        wide = models.tiny_family_model(family, 1, sliding_window=4 * N_CTX)
+        with torch.inference_mode():
+            gap = (model(ids).logits[0, -1] - wide(ids).logits[0, -1]).abs().max().item()
+        assert gap > 1e-3, family
 
 
-@pytest.mark.parametrize("family", sorted(WINDOWED))
-def test_window_shorter_than_the_tokens_is_refused(family):
-    with pytest.raises(InputError, match=f"sliding window of {W} tokens"):
-        _ours(models.tiny_family_model(family, 1), _ids(W + 8), NEW)
-    # the window is reached while generating: refused at the first step beyond it
-    with pytest.raises(InputError, match=f"sliding window of {W} tokens"):
-        _ours(models.tiny_family_model(family, 1), _ids(W - 2), NEW)
+@pytest.mark.parametrize("family", FEATURED)
+def test_none_equals_generate_through_triton(family):
+    # decode steps through the Triton kernel (interpreted on CPU): softcap and sinks in the kernel
+    ids = _ids(N_CTX + 1, seed=4)
+    ref = _generate(models.tiny_family_model(family, 1), ids, 4)
+    ragged = use_ragged_attention(models.tiny_family_model(family, 1), backend="triton")
+    pre = prefill_context(ragged, None, ids[:, :-1])
+    assert greedy_answer(ragged, pre.ragged_cache(), ids[:, -1:], pre.n_tokens, 4) == ref, family
 
 
-@pytest.mark.parametrize("family", sorted(REFUSED))
-def test_softcap_and_sinks_are_refused(family):
-    with pytest.raises(InputError, match=REFUSED[family]):
-        _ours(models.tiny_family_model(family, 1), _ids(6), NEW)
+def _eager_reference(model, layer, q, keys, values, k_pos, p):
+    """Float64 eager attention of one decode query q [Hq, D] at position p over keys [Hkv, n, D] at
+    positions k_pos [Hkv][n] (per KV head lists), features read from the model config / module."""
+    cfg = model.config
+    attn = model.model.layers[layer].self_attn
+    window = _windows(model)[layer]
+    cap = getattr(cfg, "attn_logit_softcapping", None)
+    sinks = getattr(attn, "sinks", None)
+    Hq, Hkv = q.shape[0], len(keys)
+    G = Hq // Hkv
+    out = torch.zeros(Hq, values[0].shape[-1], dtype=torch.float64)
+    for j in range(Hq):
+        h = j // G
+        pos = torch.tensor(k_pos[h])
+        see = pos <= p if window is None else (pos <= p) & (pos > p - window)
+        s = (keys[h][see].double() @ q[j].double()) * attn.scaling
+        if cap is not None:
+            s = cap * torch.tanh(s / cap)
+        if sinks is not None:
+            s = torch.cat([s, sinks[j:j + 1].double()])
+        w = torch.softmax(s, 0)[: int(see.sum())]
+        out[j] = w @ values[h][see].double()
+    return out
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss", "mistral", "qwen2_sliding", "llama"])
+def test_evict_then_decode_equals_eager_over_kept_entries(family):
+    model = use_ragged_attention(models.tiny_family_model(family, 2))
+    ids = _ids(N_CTX + 3, seed=5)
+    pre = prefill_context(model, None, ids[:, :N_CTX])
+    cache = pre.ragged_cache()
+    g = torch.Generator().manual_seed(7)
+    kept = {}  # layer -> per KV head sorted kept positions
+    for i in range(pre.n_layers):
+        keep = [torch.sort(torch.randperm(N_CTX, generator=g)[: 9 + 4 * h]).values for h in range(pre.n_kv_heads)]
+        cache.evict(i, keep)
+        kept[i] = [k.tolist() for k in keep]
+    seen = []  # (layer, query [Hq, D], new_k [Hkv, D], new_v, output [Hq, Dv]) per call
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        out, w = ragged_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        seen.append((module.layer_idx, query[0, :, 0].clone(), key.new_k[0, :, 0].clone(),
+                     key.new_v[0, :, 0].clone(), out[0, 0].clone()))
+        return out, w
+
+    AttentionInterface.register(ATTENTION_NAME, recording)
+    try:
+        with torch.inference_mode():
+            for t in range(3):  # three decode steps at positions N_CTX .. N_CTX + 2
+                p = N_CTX + t
+                model(input_ids=ids[:, p:p + 1], position_ids=torch.tensor([[p]]), use_cache=True,
+                      **cache_kwargs(cache))
+    finally:
+        AttentionInterface.register(ATTENTION_NAME, ragged_attention_forward)
+    assert len(seen) == 3 * pre.n_layers
+    new = {i: ([], []) for i in range(pre.n_layers)}  # the decoded tokens' K/V per layer
+    worst = 0.0
+    for n_call, (i, q, nk, nv, out) in enumerate(seen):
+        p = N_CTX + n_call // pre.n_layers
+        new[i][0].append(nk)
+        new[i][1].append(nv)
+        keys = [torch.cat([pre.keys(i)[h][kept[i][h]], torch.stack([x[h] for x in new[i][0]])])
+                for h in range(pre.n_kv_heads)]
+        values = [torch.cat([pre.values(i)[h][kept[i][h]], torch.stack([x[h] for x in new[i][1]])])
+                  for h in range(pre.n_kv_heads)]
+        k_pos = [kept[i][h] + list(range(N_CTX, p + 1)) for h in range(pre.n_kv_heads)]
+        ref = _eager_reference(model, i, q, keys, values, k_pos, p)
+        worst = max(worst, (out.double() - ref).abs().max().item())
+    assert worst <= 2e-5, worst  # float32 path vs float64 reference, outputs of magnitude <= ~3
+
+
+def test_unsupported_features_are_refused():
+    model = models.tiny_family_model("llama", 1)
+    attn = model.model.layers[0].self_attn
+    with pytest.raises(InputError, match=r"layer 0 \(LlamaAttention\): chunked attention"):
+        layer_features(attn, {"attention_chunk_size": 8}, 4)
+    with pytest.raises(InputError, match="ALiBi"):
+        layer_features(attn, {"alibi": torch.zeros(4)}, 4)
+    with pytest.raises(InputError, match=r"learned sinks of shape \(3,\) are not one logit per query head"):
+        layer_features(attn, {"s_aux": torch.zeros(3)}, 4)
+    with pytest.raises(InputError, match="soft-cap -1.0 is not a positive number"):
+        layer_features(attn, {"softcap": -1.0}, 4)
+    for layer in model.model.layers:  # bidirectional attention, through a real forward pass
+        layer.self_attn.is_causal = False
+    with pytest.raises(InputError, match="bidirectional attention is not supported by the context prefill"):
+        prefill_context(use_ragged_attention(model), None, _ids(8))
+
+
+def test_window_learned_from_the_call_and_refused_after_an_early_eviction():
+    # a fresh RaggedKVCache learns each layer's window from its first attention call (model.generate)
+    ids = _ids(N_CTX, seed=6)
+    ref = _generate(models.tiny_family_model("mistral", 1), ids, 4)
+    ragged = use_ragged_attention(models.tiny_family_model("mistral", 1))
+    cache = RaggedKVCache()
+    out = ragged.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None,
+                          **cache_kwargs(cache))
+    assert out[0, N_CTX:].tolist() == ref
+    assert [layer.window for layer in cache.layers] == [W, W] and cache.layers[0].lengths_h == [W, W]
+    # evicted before any attention call told it the window: the positions are lost, refused
+    pre = prefill_context(ragged, None, ids)
+    blind = RaggedKVCache.from_dense(pre.cache)  # no windows given, full dense layers
+    blind.evict(0, [torch.arange(5), torch.arange(5)])
+    with pytest.raises(InputError, match="evicted before its window was known"):
+        greedy_answer(ragged, blind, ids[:, -1:], N_CTX, 2)
