@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from forcedweight.compat import cache_kwargs
 from forcedweight.deploy.attention import use_ragged_attention
@@ -350,3 +351,74 @@ def test_cache_options_are_validated():
         RaggedKVCache(growth=-1)
     with pytest.raises(InputError, match="min_spare"):
         RaggedKVCache(min_spare=0)
+
+
+# --- sliding-window layers (issue 18, item 2) ------------------------------------------------------
+
+
+def test_window_layer_keeps_positions_and_at_most_its_window():
+    # window W = 5, 4 segments; prefill 9 tokens, then 30 single-token appends through several relayouts:
+    # before each append the entries at positions <= seen - W are dropped (a prefix, starts advance), so
+    # each segment holds exactly the last W positions after the append; K/V follow their positions
+    B, Hkv, D, W = 2, 2, 4, 5
+    rc = RaggedKVCache(windows=[W, None])
+    k0, v0 = _states(B, Hkv, 9, D, 0)
+    rc.update(k0, v0, 0)
+    rc.update(k0, v0, 1)
+    win, full = rc.layers[0], rc.layers[1]
+    assert win.window == W and full.window is None and full.pos is None
+    assert win.segment_positions(0, 0).tolist() == list(range(9))  # the prompt's update trims nothing
+    ks = [k0]
+    for step in range(30):
+        k1, v1 = _states(B, Hkv, 1, D, 50 + step)
+        rc.update(k1, v1, 0)
+        ks.append(k1)
+        seen = 10 + step
+        allk = torch.cat(ks, 2)
+        for b in range(B):
+            for h in range(Hkv):
+                assert win.segment_positions(b, h).tolist() == list(range(seen - W, seen))
+                assert torch.equal(win.segment(b, h)[0], allk[b, h, seen - W:])
+    # physical rows after the relayouts (which copy only the W - 1 entries held + the appended one): at
+    # most W + min_spare per segment, held + spare + the dead prefix rows the trims left since
+    assert win.k.shape[0] <= B * Hkv * (W + win.min_spare) < B * Hkv * 39
+    assert rc.relayouts() > 2 and win.stride is not None  # still one strided layout (starts advanced alike)
+    assert rc.get_seq_length(0) == 39
+    # positions are int32 on the CPU, counted in physical_bytes, and in slack_bytes for the unused rows
+    assert win.pos.dtype == torch.int32 and win.pos.shape[0] == win.k.shape[0]
+    assert win.physical_bytes() == (win.k.untyped_storage().nbytes() + win.v.untyped_storage().nbytes()
+                                    + 4 * win.k.shape[0] + 2 * 8 * B * Hkv)
+    assert win.slack_bytes() == (win.k.shape[0] - win.entries()) * (2 * D * 4 + 4)
+
+
+def test_window_eviction_keeps_original_positions_then_trims():
+    B, Hkv, D, W = 1, 2, 4, 6
+    rc = RaggedKVCache(windows={0: W})
+    k0, v0 = _states(B, Hkv, 10, D, 1)
+    rc.update(k0, v0, 0)
+    rc.evict(0, [torch.tensor([0, 5, 8]), torch.tensor([2, 3, 4, 9])])
+    layer = rc.layers[0]
+    assert layer.segment_positions(0, 0).tolist() == [0, 5, 8]
+    assert layer.segment_positions(0, 1).tolist() == [2, 3, 4, 9]
+    k1, v1 = _states(B, Hkv, 1, D, 2)
+    rc.update(k1, v1, 0)  # at position 10: keys at positions > 10 - 6 = 4 stay
+    assert layer.segment_positions(0, 0).tolist() == [5, 8, 10]
+    assert layer.segment_positions(0, 1).tolist() == [9, 10]
+    assert torch.equal(layer.segment(0, 1)[0], torch.cat([k0[0, 1, 9:], k1[0, 1]]))
+
+
+def test_from_dense_sliding_layer_and_window_validation():
+    B, Hkv, D, W = 1, 2, 4, 5
+    dense = DynamicCache()
+    dense.layers = [DynamicSlidingWindowLayer(sliding_window=W)]
+    k0, v0 = _states(B, Hkv, 11, D, 3)
+    dense.update(k0, v0, 0)  # holds the last W - 1 = 4 of 11 tokens
+    rc = RaggedKVCache.from_dense(dense)
+    layer = rc.layers[0]
+    assert layer.window == W and rc.get_seq_length(0) == 11
+    assert layer.segment_positions(0, 1).tolist() == [7, 8, 9, 10]
+    assert torch.equal(layer.segment(0, 1)[0], k0[0, 1, 7:])
+    with pytest.raises(InputError, match="sliding window must be a positive integer"):
+        RaggedKVCache(windows=[0])
+    with pytest.raises(InputError, match="given sliding window 5, its attention uses 7"):
+        layer.set_window(7)

@@ -5,8 +5,8 @@
    and DynamicCache, token for token, on each family, with a context 2.5x the sliding window (the window
    bites: the model's logits change when the window is lifted), soft-capping (Gemma 2) and learned sinks
    (gpt-oss) included; through the PyTorch path and, for the families with a feature, the Triton kernel.
-2. After evicting a random subset of each (layer, KV head)'s entries, every decode step's attention
-   output equals an independent float64 eager computation over the kept entries (and the new tokens)
+2. After evicting a random subset of each (layer, KV head)'s entries, every step's attention output
+   (a 3-token step through the ragged prefill path, then decode steps) equals an independent float64 eager computation over the kept entries (and the new tokens)
    that the step's query may see: positions > p - W on a sliding layer, logits soft-capped, the sink in
    the denominator. The reference reads the kept K/V from the Prefill's dense cache and the features
    from the model's config and parameters, not from the ragged cache.
@@ -90,6 +90,16 @@ def test_none_equals_generate(family):
 
 
 @pytest.mark.parametrize("family", FEATURED)
+def test_none_with_a_question_equals_generate(family):
+    # evaluate feeds a multi-token question after the context: the ragged prefill path over a past
+    ids = _ids(N_CTX + 5, seed=8)
+    ref = _generate(models.tiny_family_model(family, 1), ids, 4)
+    ragged = use_ragged_attention(models.tiny_family_model(family, 1))
+    pre = prefill_context(ragged, None, ids[:, :N_CTX])
+    assert greedy_answer(ragged, pre.ragged_cache(), ids[:, N_CTX:], pre.n_tokens, 4) == ref, family
+
+
+@pytest.mark.parametrize("family", FEATURED)
 def test_none_equals_generate_through_triton(family):
     # decode steps through the Triton kernel (interpreted on CPU): softcap and sinks in the kernel
     ids = _ids(N_CTX + 1, seed=4)
@@ -99,9 +109,10 @@ def test_none_equals_generate_through_triton(family):
     assert greedy_answer(ragged, pre.ragged_cache(), ids[:, -1:], pre.n_tokens, 4) == ref, family
 
 
-def _eager_reference(model, layer, q, keys, values, k_pos, p):
+def _eager_reference(model, layer, q, keys, values, k_pos, p, bias=None):
     """Float64 eager attention of one decode query q [Hq, D] at position p over keys [Hkv, n, D] at
-    positions k_pos [Hkv][n] (per KV head lists), features read from the model config / module."""
+    positions k_pos [Hkv][n] (per KV head lists), features read from the model config / module; bias
+    [Hkv][n] (optional) added to the capped logits."""
     cfg = model.config
     attn = model.model.layers[layer].self_attn
     window = _windows(model)[layer]
@@ -117,6 +128,8 @@ def _eager_reference(model, layer, q, keys, values, k_pos, p):
         s = (keys[h][see].double() @ q[j].double()) * attn.scaling
         if cap is not None:
             s = cap * torch.tanh(s / cap)
+        if bias is not None:
+            s = s + bias[h][see].double()
         if sinks is not None:
             s = torch.cat([s, sinks[j:j + 1].double()])
         w = torch.softmax(s, 0)[: int(see.sum())]
@@ -124,49 +137,55 @@ def _eager_reference(model, layer, q, keys, values, k_pos, p):
     return out
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gpt_oss", "mistral", "qwen2_sliding", "llama"])
-def test_evict_then_decode_equals_eager_over_kept_entries(family):
+@pytest.mark.parametrize("family,with_bias", [("gemma2", False), ("gemma2", True), ("gpt_oss", False),
+                                              ("gpt_oss", True), ("mistral", False), ("qwen2_sliding", True),
+                                              ("llama", False)])
+def test_evict_then_decode_equals_eager_over_kept_entries(family, with_bias):
     model = use_ragged_attention(models.tiny_family_model(family, 2))
-    ids = _ids(N_CTX + 3, seed=5)
+    ids = _ids(N_CTX + 5, seed=5)
     pre = prefill_context(model, None, ids[:, :N_CTX])
     cache = pre.ragged_cache()
     g = torch.Generator().manual_seed(7)
-    kept = {}  # layer -> per KV head sorted kept positions
+    kept, biases = {}, {}  # layer -> per KV head sorted kept positions / their bias (a corrected policy's)
     for i in range(pre.n_layers):
         keep = [torch.sort(torch.randperm(N_CTX, generator=g)[: 9 + 4 * h]).values for h in range(pre.n_kv_heads)]
-        cache.evict(i, keep)
+        bias = [torch.randn(len(k), generator=g) for k in keep] if with_bias else None
+        cache.evict(i, keep, bias)
         kept[i] = [k.tolist() for k in keep]
-    seen = []  # (layer, query [Hq, D], new_k [Hkv, D], new_v, output [Hq, Dv]) per call
+        biases[i] = bias
+    seen = []  # (layer, first position, query [Hq, L, D], new_k [Hkv, L, D], new_v, output [L, Hq, Dv])
+    steps = [(N_CTX, 3), (N_CTX + 3, 1), (N_CTX + 4, 1)]  # 3 tokens at once, then two decode steps
 
     def recording(module, query, key, value, attention_mask, **kwargs):
         out, w = ragged_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        seen.append((module.layer_idx, query[0, :, 0].clone(), key.new_k[0, :, 0].clone(),
-                     key.new_v[0, :, 0].clone(), out[0, 0].clone()))
+        seen.append((module.layer_idx, key.seen - key.new_len, query[0].clone(), key.new_k[0].clone(),
+                     key.new_v[0].clone(), out[0].clone()))
         return out, w
 
     AttentionInterface.register(ATTENTION_NAME, recording)
     try:
         with torch.inference_mode():
-            for t in range(3):  # three decode steps at positions N_CTX .. N_CTX + 2
-                p = N_CTX + t
-                model(input_ids=ids[:, p:p + 1], position_ids=torch.tensor([[p]]), use_cache=True,
+            for p, n in steps:
+                model(input_ids=ids[:, p:p + n], position_ids=torch.arange(p, p + n)[None], use_cache=True,
                       **cache_kwargs(cache))
     finally:
         AttentionInterface.register(ATTENTION_NAME, ragged_attention_forward)
-    assert len(seen) == 3 * pre.n_layers
-    new = {i: ([], []) for i in range(pre.n_layers)}  # the decoded tokens' K/V per layer
+    assert len(seen) == len(steps) * pre.n_layers
+    new = {i: ([], []) for i in range(pre.n_layers)}  # the fed tokens' K/V per layer, [Hkv, D] each
     worst = 0.0
-    for n_call, (i, q, nk, nv, out) in enumerate(seen):
-        p = N_CTX + n_call // pre.n_layers
-        new[i][0].append(nk)
-        new[i][1].append(nv)
+    for i, first, q, nk, nv, out in seen:
+        new[i][0].extend(nk.unbind(1))
+        new[i][1].extend(nv.unbind(1))
         keys = [torch.cat([pre.keys(i)[h][kept[i][h]], torch.stack([x[h] for x in new[i][0]])])
                 for h in range(pre.n_kv_heads)]
         values = [torch.cat([pre.values(i)[h][kept[i][h]], torch.stack([x[h] for x in new[i][1]])])
                   for h in range(pre.n_kv_heads)]
-        k_pos = [kept[i][h] + list(range(N_CTX, p + 1)) for h in range(pre.n_kv_heads)]
-        ref = _eager_reference(model, i, q, keys, values, k_pos, p)
-        worst = max(worst, (out.double() - ref).abs().max().item())
+        k_pos = [kept[i][h] + list(range(N_CTX, N_CTX + len(new[i][0]))) for h in range(pre.n_kv_heads)]
+        bias = None if biases[i] is None else [torch.cat([biases[i][h], torch.zeros(len(new[i][0]))])
+                                               for h in range(pre.n_kv_heads)]  # fed tokens: bias 0
+        for l in range(q.shape[1]):  # query l of the step at position first + l (sees fed tokens <= it)
+            ref = _eager_reference(model, i, q[:, l], keys, values, k_pos, first + l, bias)
+            worst = max(worst, (out[l].double() - ref).abs().max().item())
     assert worst <= 2e-5, worst  # float32 path vs float64 reference, outputs of magnitude <= ~3
 
 
