@@ -131,6 +131,27 @@ def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", de
         return _load(path, name, torch_dtype, device)
 
 
+def loaded_model(model, purpose: str, device: str = "cpu", note=None) -> LoadedModel:
+    """``model`` as a :class:`LoadedModel` with a tokenizer, for a command that needs one.
+
+    ``model``: a LoadedModel (returned as is), a ``(model, tokenizer)`` pair (Python callers), or a spec
+    for :func:`load_model`. ``purpose`` names the command in the error ("evaluate needs one");
+    ``note(msg)`` (optional) is told before and after a load.
+    """
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, tuple):
+        return LoadedModel(model[0], model[1], type(model[0]).__name__, "python")
+    if note is not None:
+        note(f"loading model {model or DEFAULT_MODEL} ...")
+    loaded = load_model(model, device=device)
+    if loaded.tokenizer is None:
+        raise InputError(f"--model {model}: no tokenizer found ({purpose} needs one)")
+    if note is not None:
+        note(f"loaded {loaded.name}")
+    return loaded
+
+
 def _load(path: Path, name: str, torch_dtype, device: str) -> LoadedModel:
     """``load_model`` once the spec is resolved: tokenizer and model from a .gguf or a directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -22,18 +22,16 @@ def tasks(
     from forcedweight.deploy.tasks.files import task_file_kind
     from forcedweight.errors import InputError
     from forcedweight.io import check_output_file
-    from forcedweight.models import load_model
+    from forcedweight.cli.options import split_list
+    from forcedweight.models import loaded_model
 
-    names = [k.strip() for item in kinds for k in item.split(",") if k.strip()]
+    names = split_list(kinds)
     for k in names:
         if k not in ALL_KINDS:
             raise InputError(f"--kinds: unknown task kind {k!r} (known: {', '.join(ALL_KINDS)})")
     task_file_kind(out)
     check_output_file(out)
-    typer.echo(f"loading tokenizer of {model} ...", err=True)
-    loaded = load_model(model)
-    if loaded.tokenizer is None:
-        raise InputError(f"--model {model}: no tokenizer found")
+    loaded = loaded_model(model, "forcedweight tasks", note=lambda msg: typer.echo(msg, err=True))
     typer.echo(str(write_task_file(loaded.tokenizer, names, tokens, n, out, seed, max_new_tokens)))
 
 

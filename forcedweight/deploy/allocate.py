@@ -173,15 +173,24 @@ def make_allocator(name: str, **options) -> Allocator:
     return cls(**options)
 
 
+def check_compression_ratio(compression_ratio) -> float:
+    """``compression_ratio`` as a float in [0, 1) (the fraction evicted); InputError naming the option."""
+    try:
+        r = float(compression_ratio)
+    except (TypeError, ValueError):
+        raise InputError(f"--compression-ratio: {compression_ratio!r} is not a number") from None
+    if not 0.0 <= r < 1.0:
+        raise InputError(f"--compression-ratio: {compression_ratio!r} outside [0, 1) (the fraction evicted)")
+    return r
+
+
 def budget_for(n_tokens: int, n_layers: int, n_kv_heads: int, compression_ratio: float) -> int:
     """Total kept entries at ``compression_ratio`` (fraction evicted, in [0, 1)).
 
     Per (layer, KV head) kvpress keeps ``max(1, int(N * (1 - r)))`` (``compute_n_kept``); the total is
     that times ``n_layers * n_kv_heads``, so ``uniform`` reproduces kvpress's per-head count exactly.
     """
-    r = float(compression_ratio)
-    if not 0.0 <= r < 1.0:
-        raise InputError(f"--compression-ratio: {compression_ratio!r} outside [0, 1) (the fraction evicted)")
+    r = check_compression_ratio(compression_ratio)
     if int(n_tokens) < 1:
         raise InputError("--compression-ratio: empty context")
     per_head = max(1, int(int(n_tokens) * (1 - r)))

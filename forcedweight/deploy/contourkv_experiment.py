@@ -45,7 +45,7 @@ from forcedweight.deploy.policies import POLICIES, make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
 from forcedweight.errors import InputError
-from forcedweight.models import LoadedModel, load_model
+from forcedweight.models import loaded_model
 
 RATIOS = (0.5, 0.75, 0.9)
 CONTOUR = ("kvzip/contourkv", "snapkv/contourkv")
@@ -57,15 +57,6 @@ def groups() -> dict[str, tuple[list[str], list[str]]]:
     uniform = [p for p in ("snapkv", "expected_attention", "compactor") if p in POLICIES]
     return {"contourkv": (["kvzip", "snapkv"], ["contourkv"]), "kvzip": (["kvzip"], ["global", "uniform", "adakv"]),
             "uniform": (uniform, ["uniform"])}
-
-
-def _loaded(model) -> LoadedModel:
-    if isinstance(model, LoadedModel):
-        return model
-    loaded = load_model(model or "smollm2")
-    if loaded.tokenizer is None:
-        raise InputError(f"--model {model}: no tokenizer found")
-    return loaded
 
 
 def paired_experiment(model, tasks, out, ratios: Sequence[float] = RATIOS, max_examples: int | None = None,
@@ -83,7 +74,7 @@ def paired_experiment(model, tasks, out, ratios: Sequence[float] = RATIOS, max_e
         if bad:
             raise InputError(f"--only: unknown group(s) {', '.join(bad)} (known: {', '.join(groups())})")
         todo = {k: v for k, v in todo.items() if k in only}
-    loaded = _loaded(model) if todo else None
+    loaded = loaded_model(model, "the ContourKV experiment") if todo else None
     for name, (pols, allocs) in todo.items():
         evaluate(loaded, tasks, out / name, pols, allocs, compression_ratios=list(ratios), max_examples=max_examples,
                  seed=seed, progress=progress, report=False, quiet=not progress)
@@ -267,7 +258,7 @@ def enforcement_experiment(model, tasks, out, policy: str = "kvzip", allocator: 
     examples = read_tasks(tasks, max_examples)
     target = out / "enforcement.parquet"
     fio.check_output_file(target)
-    loaded = _loaded(model)
+    loaded = loaded_model(model, "the ContourKV experiment")
     rows = []
     for ex in examples:
         t = time.perf_counter()

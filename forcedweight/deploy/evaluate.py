@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight import io as fio
-from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
+from forcedweight.deploy.allocate import budget_for, check_compression_ratio, evict, make_allocator, select
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate_protocol import Prompt, continuation_nll, greedy_answer, prompt_ids
 from forcedweight.deploy.evaluate_report import write_report
@@ -48,7 +48,7 @@ from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
 from forcedweight.errors import InputError
-from forcedweight.models import LoadedModel, load_model
+from forcedweight.models import LoadedModel, loaded_model
 
 NONE = "none"
 STATE_VERSION = 1
@@ -93,8 +93,8 @@ def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequ
         raise InputError("give --compression-ratio or --budget, not both")
     settings = [(float(r), None) for r in (ratios or [])] + [(None, float(b)) for b in (budgets or [])]
     for r, b in settings:
-        if r is not None and not 0.0 <= r < 1.0:
-            raise InputError(f"--compression-ratio: {r!r} outside [0, 1) (the fraction evicted)")
+        if r is not None:
+            check_compression_ratio(r)
         if b is not None and not b >= 1:
             raise InputError(f"--budget: {b!r} must be >= 1 (mean kept entries per KV head)")
     pairs = []
@@ -117,19 +117,6 @@ def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequ
         for r, b in settings:
             out.append(Method(p, a, r, b))
     return out
-
-
-def _load(model, device: str, note) -> LoadedModel:
-    if isinstance(model, LoadedModel):
-        return model
-    if isinstance(model, tuple):
-        return LoadedModel(model[0], model[1], type(model[0]).__name__, "python")
-    note(f"loading model {model or 'smollm2'} ...")
-    loaded = load_model(model, device=device)
-    if loaded.tokenizer is None:
-        raise InputError(f"--model {model}: no tokenizer found (evaluate needs one)")
-    note(f"loaded {loaded.name}")
-    return loaded
 
 
 def _fingerprint(tasks, model_spec: str, seed: int, query_aware: bool, policy_options: dict) -> dict:
@@ -283,7 +270,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
         make_allocator(a)
     examples = read_tasks(tasks, max_examples)
     results = out / "results.parquet"
-    loaded = _load(model, device, note)
+    loaded = loaded_model(model, "evaluate", device=device, note=note)
     mdl, tok = loaded.model, loaded.tokenizer
     prompts = [prompt_ids(tok, ex, query_aware) for ex in examples]
     cfg = mdl.config

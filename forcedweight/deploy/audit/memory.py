@@ -19,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
+from forcedweight.deploy.allocate import budget_for, check_compression_ratio, evict, make_allocator, select
 from forcedweight.deploy.prefill import Prefill
 from forcedweight.deploy.ragged_cache import physical_bytes
-from forcedweight.errors import InputError
 
 STORAGES = ("ragged", "masked", "nominal")
 
@@ -87,9 +86,7 @@ def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str
     for name, pol in policies.items():
         cached = None
         for r in ratios:
-            r = float(r)
-            if not 0.0 <= r < 1.0:
-                raise InputError(f"--compression-ratio: {r!r} outside [0, 1) (the fraction evicted)")
+            r = check_compression_ratio(r)
             if cached is None or pol.depends_on_ratio:
                 cached = pol.padded_scores(prefill, compression_ratio=r)
             for a in allocators:

@@ -15,7 +15,7 @@ from typing import Sequence
 import pyarrow as pa
 
 from forcedweight import io as fio
-from forcedweight.deploy.allocate import make_allocator
+from forcedweight.deploy.allocate import check_compression_ratio, make_allocator
 from forcedweight.deploy.audit.ceiling import SELECTIONS, ceiling_example, check_options
 from forcedweight.deploy.audit.leak import leak_audit
 from forcedweight.deploy.audit.memory import memory_rows
@@ -25,7 +25,7 @@ from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import read_tasks
 from forcedweight.errors import InputError
-from forcedweight.models import LoadedModel, load_model
+from forcedweight.models import loaded_model
 
 PARTS = ("memory", "leak", "ceiling")
 
@@ -48,18 +48,6 @@ STEP_SCHEMA = pa.schema([
     ("dropped_mass_top", pa.float64()), ("seconds", pa.float64()), ("status", pa.string()),
     ("lower_bound", pa.float64()), ("swaps", pa.int64()), ("switched", pa.bool_()),
 ])
-
-
-def _load(model, note) -> LoadedModel:
-    if isinstance(model, LoadedModel):
-        return model
-    if isinstance(model, tuple):
-        return LoadedModel(model[0], model[1], type(model[0]).__name__, "python")
-    note(f"loading model {model} ...")
-    loaded = load_model(model)
-    if loaded.tokenizer is None:
-        raise InputError(f"--model {model}: no tokenizer found (the audit needs one)")
-    return loaded
 
 
 def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequence[float] = (),
@@ -99,10 +87,7 @@ def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequen
         raise InputError("--policy: give at least one eviction policy")
     for a in allocators:
         make_allocator(a)
-    ratios = [float(r) for r in compression_ratios]
-    for r in ratios:
-        if not 0.0 <= r < 1.0:
-            raise InputError(f"--compression-ratio: {r!r} outside [0, 1) (the fraction evicted)")
+    ratios = [check_compression_ratio(r) for r in compression_ratios]
     if not ratios and ("memory" in parts or "leak" in parts):
         raise InputError("--compression-ratio: give at least one (memory and leak audits)")
     if "ceiling" in parts:
@@ -114,7 +99,7 @@ def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequen
     examples = read_tasks(tasks, max_examples)
     for name in ("memory.parquet", "leak.parquet", "ceiling.parquet", "ceiling_steps.parquet", "report.md"):
         fio.check_output_file(out / name)
-    loaded = _load(model, note)
+    loaded = loaded_model(model, "the audit", note=note)
     mdl, tok = loaded.model, loaded.tokenizer
     n_layers = int(mdl.config.num_hidden_layers)
     layers = list(range(n_layers)) if layers is None else [int(x) for x in layers]
