@@ -73,8 +73,8 @@ def main():
     ap.add_argument("--node-limit", type=int, default=None, help="bnb node limit (deterministic stop)")
     ap.add_argument("--relax-iters", type=int, default=None,
                     help="bnb relaxation-bound FISTA steps on open nodes (0 = off; default: the solver's)")
-    ap.add_argument("--split-work", type=float, default=None,
-                    help="bnb budget for splitting open first-level nodes into {k, j} children (0 = off)")
+    ap.add_argument("--refine-work", type=float, default=None,
+                    help="bnb key-steps of best-first refinement of the open frontier's bound (0 = off)")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",")]
     real = real_rows(args.real, ns, args.rows, args.s, args.seed) if args.real else None
@@ -117,8 +117,8 @@ def main():
                     kw = {"node_limit": args.node_limit} if name == "bnb" and args.node_limit else {}
                     if name == "bnb" and args.relax_iters is not None:
                         kw["relax_iters"] = args.relax_iters
-                    if name == "bnb" and args.split_work is not None:
-                        kw["split_work"] = args.split_work
+                    if name == "bnb" and args.refine_work is not None:
+                        kw["refine_work"] = args.refine_work
                     r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit, **kw)
                     dt = time.perf_counter() - t
                     secs.append(dt)

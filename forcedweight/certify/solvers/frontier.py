@@ -1,0 +1,379 @@
+"""Proved lower bounds over the open frontier of a stopped branch and bound (issue 15), in Numba.
+
+A stopped depth-first search leaves open: every first-level node ``T = {k}`` after the current
+first key (the level-0 exclusion branch; level 0 itself, ``T`` empty, has no projection bound),
+and the nodes of the current path. Each open node gets the larger of its tests' bound
+(``node_tests._node_value``: bisection on ``lam``) and the relaxation's (``bounds.relax_bound``),
+and the frontier bound is their minimum.
+
+That minimum is then raised by best-first refinement (``_refine``), within a work budget: the
+node with the smallest bound is, in turn, (1) given its full bound (bisection capped at the
+incumbent instead of a running minimum, and the full relaxation), then (2) split into its
+children ``T + {j}`` (j >= its next key; the rest from keys > j), each bounded by the same tests
+and the quick relaxation, and never below its parent's bound (a child's sets are the parent's).
+Children proved >= the incumbent are dropped. A node with one key to go is split into its leaves,
+whose values are exact (rounded down). Every step keeps the frontier a cover of the open sets,
+so its minimum stays a proof whatever the budget. Costs are counted in key-steps (one test or
+one FISTA step over the ``N - k`` keys of a node), so a run is deterministic.
+
+Frontier arrays (capacity M): ``keys`` (M, s) int32 (row j of a node: its ``tt[j]`` fixed keys),
+``tt`` (M,) level, ``kn`` (M,) next key, ``val`` (M,) bound, ``state`` (M,) int64:
+0 = bound capped by a running minimum or quick only, 1 = full bound, 2 = exact (a leaf), -1 = split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
+from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA
+
+REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; about 1-2 s on one core)
+POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
+REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full")
+
+
+@njit(cache=True)
+def _relaxed(yT, wT, A, pw, nrm, k, r, top, relax_iters):
+    """The relaxation bound, progressively: RELAX_QUICK steps first, then ``relax_iters`` steps
+    and one re-aimed phase only when the quick bound is below ``top`` (the running minimum)."""
+    v = relax_bound(yT, wT, A, pw, nrm, k, r, top, min(RELAX_QUICK, relax_iters), 0)
+    if v < top and relax_iters > RELAX_QUICK:
+        v = max(v, relax_bound(yT, wT, A, pw, nrm, k, r, top, relax_iters, 1))
+    return v
+
+
+@njit(cache=True)
+def _level(A, pw, nrm, G, T, t, ys, ws, bs, cs):
+    """Fill level ``t`` of ys/ws/bs/cs from the keys ``T[:t]`` (sums of rows, Gram rows)."""
+    N, d = A.shape
+    for q in range(d):
+        ys[t, q] = 0.0
+    ws[t] = 0.0
+    bs[t] = 0.0
+    for kk in range(N):
+        cs[t, kk] = 0.0
+    for i in range(t):
+        key = T[i]
+        for q in range(d):
+            ys[t, q] += A[key, q]
+        ws[t] += pw[key]
+        bs[t] += nrm[key]
+        for kk in range(N):
+            cs[t, kk] += G[key, kk]
+
+
+@njit(cache=True)
+def _leaf_lower(ys, t, A, pw, nrm, bs, ws, j, d, s):
+    """E of the set (level-t keys) + {j}, rounded down (float64 sums, margin on the norm)."""
+    w = ws[t] + pw[j]
+    if not w > 0.0:
+        return np.inf
+    acc = 0.0
+    for q in range(d):
+        y = ys[t, q] + A[j, q]
+        acc += y * y
+    ny = np.sqrt(acc) - 4.0 * (d + s + 4) * _EPS * (bs[t] + nrm[j])
+    return max(ny, 0.0) / (w * (1.0 + 4.0 * (s + 2) * _EPS))
+
+
+@njit(cache=True)
+def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
+                      vals, state):
+    """Bounds of the first-level nodes ``{k}``, k >= k_from, into vals[k] (state[k] as above).
+
+    Visited from the last k down (light keys first: their bounds are usually the smallest), each
+    bisection capped at the running minimum, with the quick relaxation below it; then, lazily,
+    the node with the smallest bound gets the full relaxation until the smallest is a refined one.
+    Returns the key-steps spent.
+    """
+    N, d = A.shape
+    ys1 = np.zeros((2, d))
+    ws1 = np.zeros(2)
+    bs1 = np.zeros(2)
+    cs1 = np.zeros((2, N))
+    g = np.empty(N)
+    buf = np.empty(s)
+    bidx = np.zeros(s, np.int64)
+    yv = np.empty(d)
+    gv = np.empty(d)
+    h = np.zeros(N)
+    cur = top
+    work = 0.0
+    for k in range(min(N - s, N - 1), k_from - 1, -1):
+        for q in range(d):
+            ys1[1, q] = A[k, q]
+        ws1[1] = pw[k]
+        bs1[1] = nrm[k]
+        if s == 1:
+            ys1[0, :] = 0.0
+            vals[k] = _leaf_lower(ys1, 0, A, pw, nrm, bs1 * 0.0, ws1 * 0.0, k, d, s)
+            state[k] = 2
+            cur = min(cur, vals[k])
+            continue
+        for kk in range(k + 1, N):
+            cs1[1, kk] = G[k, kk]
+        v = _node_value(1, k + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
+                        gamma, g, buf, bidx, yv, gv, h, iters)
+        work += (N - k) * (iters + 1 if v < cur else 1)
+        if v < cur and relax_iters > 0:
+            v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur,
+                                   min(RELAX_QUICK, relax_iters), 0))
+            work += (N - k) * min(RELAX_QUICK, relax_iters)
+        vals[k] = v
+        state[k] = 1 if v >= top else 0
+        cur = min(cur, v)
+    if s == 1 or relax_iters <= RELAX_QUICK:
+        return work
+    done = np.zeros(N, np.bool_)
+    while True:
+        kmin = -1
+        for k in range(k_from, N):
+            if kmin < 0 or vals[k] < vals[kmin]:
+                kmin = k
+        if kmin < 0 or done[kmin] or not vals[kmin] < top:
+            break
+        done[kmin] = True
+        for q in range(d):
+            ys1[1, q] = A[kmin, q]
+        vals[kmin] = max(vals[kmin], relax_bound(ys1[1], pw[kmin], A, pw, nrm, kmin + 1, s - 1, top,
+                                                 relax_iters, 1))
+        state[kmin] = 1
+        work += (N - kmin) * 2 * relax_iters
+    return work
+
+
+@njit(cache=True)
+def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
+            relax_iters, budget, stats):
+    """Raise the minimum of the frontier ``[0, m)`` by best-first refinement (module docstring).
+
+    ``stats`` (6,) int64 is incremented: nodes given their full bound, nodes split, children
+    tested, children kept, key-steps spent (rounded), 1 if the frontier filled up.
+
+    Returns the frontier's minimum bound, capped at ``top`` and >= 0 (a proof: every open set lies
+    in a live node, and each live node's bound is proved).
+    """
+    N, d = A.shape
+    M = keys.shape[0]
+    ys = np.zeros((s + 1, d))
+    ws = np.zeros(s + 1)
+    bs = np.zeros(s + 1)
+    cs = np.zeros((s + 1, N))
+    g = np.empty(N)
+    buf = np.empty(s)
+    bidx = np.zeros(s, np.int64)
+    yv = np.empty(d)
+    gv = np.empty(d)
+    h = np.zeros(N)
+    rq = min(RELAX_QUICK, relax_iters)
+    spent = 0.0
+    while True:
+        i = -1
+        for j in range(m):
+            if state[j] >= 0 and (i < 0 or val[j] < val[i]):
+                i = j
+        if i < 0 or not val[i] < top or state[i] == 2 or spent >= budget:
+            break
+        stats[0] += state[i] == 0
+        stats[1] += state[i] == 1
+        t = tt[i]
+        k = kn[i]
+        _level(A, pw, nrm, G, keys[i], t, ys, ws, bs, cs)
+        if state[i] == 0:
+            # (1) its own full bound
+            v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g,
+                            buf, bidx, yv, gv, h, iters)
+            spent += (N - k) * (iters + 1) + N * t
+            if v < top and relax_iters > 0 and N - k >= s - t:
+                ri = min(relax_iters, POP_RELAX)
+                v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, top, ri))
+                spent += (N - k) * (rq + (2 * ri if ri > RELAX_QUICK else 0)) * 2 * d
+            val[i] = max(val[i], v)
+            state[i] = 1
+            continue
+        # (2) split into the children T + {j}
+        if m + (N - k) > M:  # full: drop the split nodes, then look again (indices moved)
+            m2 = _compact(keys, tt, kn, val, state, m)
+            full = m2 == m or m2 + (N - k) > M
+            m = m2
+            if full:
+                stats[5] = 1
+                break
+            continue
+        parent = val[i]
+        state[i] = -1
+        cur = top
+        for j in range(N - (s - t), k - 1, -1):
+            keys[m, :t] = keys[i, :t]
+            keys[m, t] = j
+            if t + 1 == s:  # a leaf: its exact value
+                v = max(parent, _leaf_lower(ys, t, A, pw, nrm, bs, ws, j, d, s))
+                spent += d
+                if v < top:
+                    tt[m] = s
+                    kn[m] = N
+                    val[m] = v
+                    state[m] = 2
+                    m += 1
+                continue
+            for q in range(d):
+                ys[t + 1, q] = ys[t, q] + A[j, q]
+            ws[t + 1] = ws[t] + pw[j]
+            bs[t + 1] = bs[t] + nrm[j]
+            for kk in range(j + 1, N):
+                cs[t + 1, kk] = cs[t, kk] + G[j, kk]
+            spent += N - j
+            stats[2] += 1
+            # dropped when proved at top (one test); otherwise bounded, capped at the running minimum
+            if not _node_lb_ok(t + 1, j + 1, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top,
+                               gamma, g, buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+                continue
+            v = _node_value(t + 1, j + 1, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, cur,
+                            gamma, g, buf, bidx, yv, gv, h, iters)
+            spent += (N - j) * (iters + 1 if v < cur else 1)
+            if v < cur and rq > 0:
+                v = max(v, relax_bound(ys[t + 1], ws[t + 1], A, pw, nrm, j + 1, s - t - 1, cur, rq, 0))
+                spent += (N - j) * rq * 2 * d
+            v = max(v, parent)
+            if v < top:
+                stats[3] += 1
+                tt[m] = t + 1
+                kn[m] = j + 1
+                val[m] = v
+                state[m] = 0
+                m += 1
+                cur = min(cur, v)
+    stats[4] += int(spent)
+    out = top
+    for j in range(m):
+        if state[j] >= 0:
+            out = min(out, val[j])
+    return max(out, 0.0)
+
+
+@njit(cache=True)
+def _compact(keys, tt, kn, val, state, m):
+    """Drop the split nodes (state -1) from the frontier arrays; returns the new size."""
+    n = 0
+    for j in range(m):
+        if state[j] >= 0:
+            if n != j:
+                keys[n] = keys[j]
+                tt[n] = tt[j]
+                kn[n] = kn[j]
+                val[n] = val[j]
+                state[n] = state[j]
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def _frontier(N, s):
+    M = min(max(64 * N, 1 << 14), 1 << 18)  # at most 2**18 nodes (s int32 keys each)
+    return (np.zeros((M, s), np.int32), np.zeros(M, np.int64), np.zeros(M, np.int64), np.zeros(M),
+            np.zeros(M, np.int64))
+
+
+@njit(cache=True)
+def _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, m):
+    N = vals.shape[0]
+    for k in range(k_from, N):
+        if vals[k] < top and m < keys.shape[0]:
+            keys[m, 0] = k
+            tt[m] = 1
+            kn[m] = k + 1
+            val[m] = vals[k]
+            state[m] = fstate[k]
+            m += 1
+    return m
+
+
+@njit(cache=True)
+def first_level_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
+                      budget, stats):
+    """A proved bound (in [0, top]) over every set whose first key (mass rank) is >= k_from:
+    the first-level nodes' bounds, then ``budget`` key-steps of refinement (0 = none)."""
+    N = A.shape[0]
+    vals = np.full(N, np.inf)
+    fstate = np.zeros(N, np.int64)
+    _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
+                      vals, fstate)
+    keys, tt, kn, val, state = _frontier(N, s)
+    m = _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, 0)
+    if s == 1 or budget <= 0.0:
+        out = top
+        for j in range(m):
+            out = min(out, val[j])
+        return max(out, 0.0)
+    return _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
+                   relax_iters, budget, stats)
+
+
+@njit(cache=True)
+def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
+               relax_iters, budget, stats):
+    """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
+
+    The open frontier of the depth-first search is the current node (t_cur, idx[t_cur]) and, for
+    each level t < t_cur, the exclusion branch (t, idx[t] + 1). Level 0 is covered by its
+    first-level children ``{k}``, k > idx[0] (k >= idx[0] when t_cur = 0); every deeper open node
+    lies inside the first-level node ``{idx[0]}``, so its bound is the larger of its own and that
+    node's. Then ``budget`` key-steps of best-first refinement over all of them (``_refine``).
+    """
+    N, d = A.shape
+    k_from = idx[0] if t_cur == 0 else idx[0] + 1
+    vals = np.full(N, np.inf)
+    fstate = np.zeros(N, np.int64)
+    _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
+                      vals, fstate)
+    keys, tt, kn, val, state = _frontier(N, s)
+    m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
+    if t_cur > 0:
+        g = np.empty(N)
+        buf = np.empty(s)
+        bidx = np.zeros(s, np.int64)
+        yv = np.empty(d)
+        gv = np.empty(d)
+        h = np.zeros(N)
+        # the first-level node {idx[0]} holds every deeper open node
+        ys1 = np.zeros((2, d))
+        ws1 = np.zeros(2)
+        bs1 = np.zeros(2)
+        cs1 = np.zeros((2, N))
+        k0 = idx[0]
+        for q in range(d):
+            ys1[1, q] = A[k0, q]
+        ws1[1] = pw[k0]
+        bs1[1] = nrm[k0]
+        for kk in range(k0 + 1, N):
+            cs1[1, kk] = G[k0, kk]
+        first = _node_value(1, k0 + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
+                            gamma, g, buf, bidx, yv, gv, h, iters)
+        if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
+            first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
+        for t in range(1, t_cur + 1):
+            k = idx[t] + (1 if t < t_cur else 0)
+            v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, g,
+                            buf, bidx, yv, gv, h, iters)
+            if v < best and relax_iters > 0 and N - k >= s - t:
+                v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, relax_iters))
+            v = max(v, first)
+            if v < best and m < keys.shape[0]:
+                keys[m, :t] = idx[:t]
+                tt[m] = t
+                kn[m] = k
+                val[m] = v
+                state[m] = 1
+                m += 1
+    if budget <= 0.0 or s == 1:
+        out = best
+        for j in range(m):
+            out = min(out, val[j])
+        return max(out, 0.0)
+    return _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
+                   relax_iters, budget, stats)
+
+
+__all__ = ["first_level_bound", "open_bound", "REFINE_STATS", "REFINE_WORK"]

@@ -1,0 +1,209 @@
+"""The prune tests of a branch-and-bound node (SPEC §5), in Numba: mass, box and projection.
+
+A node is a partial set ``T`` (``y_T = sum_T a_i``, ``w_T = p(T)``; level ``t = |T|``) plus the
+keys ``R = k..N-1`` (sorted by mass, descending), from which ``r = s - t`` keys remain to be
+chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can have
+``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstring);
+``_node_value`` turns it into a proved lower bound by bisection on ``lam``.
+Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
+``cum`` (N + 1,) their prefix sums, ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix,
+``lo``/``hi`` box tables, ``ys`` (levels, d), ``ws``/``bs`` (levels,), ``cs`` (levels, N)
+(``cs[t, j] = <y_T, a_j>`` from Gram rows), scratch ``g``, ``buf``, ``bidx``, ``yv``, ``gv``, ``h``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_EPS = float(np.finfo(np.float64).eps)
+NREF = 8  # supergradient steps on the direction u per node (projection test)
+THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
+DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
+
+
+@njit(cache=True)
+def _box_tables(A, s, lo, hi):
+    """lo[j, r, q] / hi[j, r, q]: sum of the r smallest / largest A[k, q] over k >= j."""
+    N, d = A.shape
+    small = np.empty(s)
+    large = np.empty(s)
+    for q in range(d):
+        ns = 0
+        nl = 0
+        for j in range(N - 1, -1, -1):
+            x = A[j, q]
+            # insert x into the ascending list of the s smallest
+            if ns < s:
+                pos = ns
+                ns += 1
+            else:
+                pos = s - 1
+                if x >= small[pos]:
+                    pos = -1
+            if pos >= 0:
+                while pos > 0 and small[pos - 1] > x:
+                    small[pos] = small[pos - 1]
+                    pos -= 1
+                small[pos] = x
+            # the s largest, descending
+            if nl < s:
+                pos = nl
+                nl += 1
+            else:
+                pos = s - 1
+                if x <= large[pos]:
+                    pos = -1
+            if pos >= 0:
+                while pos > 0 and large[pos - 1] < x:
+                    large[pos] = large[pos - 1]
+                    pos -= 1
+                large[pos] = x
+            acc_lo = 0.0
+            acc_hi = 0.0
+            for r in range(1, s + 1):
+                if r <= ns:
+                    acc_lo += small[r - 1]
+                    acc_hi += large[r - 1]
+                lo[j, r, q] = acc_lo
+                hi[j, r, q] = acc_hi
+
+
+@njit(cache=True)
+def _r_smallest_sum(vals, start, r, buf, bidx):
+    """Sum of the r smallest of vals[start:] (r <= len); their indices go to bidx[:r]."""
+    n = 0
+    for k in range(start, vals.shape[0]):
+        x = vals[k]
+        if n < r:
+            pos = n
+            n += 1
+        elif x < buf[r - 1]:
+            pos = r - 1
+        else:
+            continue
+        while pos > 0 and buf[pos - 1] > x:
+            buf[pos] = buf[pos - 1]
+            bidx[pos] = bidx[pos - 1]
+            pos -= 1
+        buf[pos] = x
+        bidx[pos] = k
+    acc = 0.0
+    for i in range(r):
+        acc += buf[i]
+    return acc
+
+
+@njit(cache=True)
+def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, g, buf,
+                bidx, yv, gv, h, nref, theta, decay):
+    """True when node (T = level t, next key k) may contain a set with E < lam."""
+    N, d = A.shape
+    r = s - t
+    if N - k < r:
+        return False
+    wmax = ws[t] + (cum[min(N, k + r)] - cum[k])
+    if wmax <= 0.0:
+        return False
+    if use_box:
+        dist2 = 0.0
+        for q in range(d):
+            y = ys[t, q]
+            a = y + lo[k, r, q]
+            b = y + hi[k, r, q]
+            slack = 4.0 * (r + 2) * _EPS * (abs(y) + abs(lo[k, r, q]) + abs(hi[k, r, q]))
+            if a - slack > 0.0:
+                dist2 += (a - slack) * (a - slack)
+            elif b + slack < 0.0:
+                dist2 += (b + slack) * (b + slack)
+        if dist2 >= (lam * wmax) * (lam * wmax):
+            return False
+    if t > 0:
+        ny2 = 0.0
+        for q in range(d):
+            ny2 += ys[t, q] * ys[t, q]
+        ny = np.sqrt(ny2)
+        if ny > 0.0:
+            err = gamma * bs[t] / ny
+            for kk in range(k, N):
+                g[kk] = (cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk]
+            tot = ny - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+            if tot >= 0.0:
+                return False
+            # supergradient ascent on u: the test value is concave in u and its supergradient at u
+            # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
+            # v = alpha y_T + sum_j c_j a_{z_j}, and h[kk] = sum_j c_j <a_{z_j}, a_kk> (from the
+            # Gram matrix) is accumulated step by step, so a step costs r |R| + r^2, with no
+            # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
+            # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
+            # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
+            # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||.
+            # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
+            # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
+            alpha = 1.0 / ny
+            vv = ny2 * alpha * alpha
+            vy = ny2 * alpha
+            for kk in range(k, N):
+                h[kk] = 0.0
+            bz = alpha * bs[t]
+            nz = 0
+            for step in range(nref):
+                vg = vy
+                yg = ny2
+                gg = ny2
+                for i in range(r):
+                    z = bidx[i]
+                    vg += alpha * cs[t, z] + h[z]
+                    yg += cs[t, z]
+                    gg += 2.0 * cs[t, z]
+                    for i2 in range(r):
+                        gg += G[z, bidx[i2]]
+                if not gg > 0.0:
+                    break
+                eta = theta / ((step + 1.0) ** decay * np.sqrt(gg))
+                vv += 2.0 * eta * vg + eta * eta * gg
+                vy += eta * yg
+                alpha += eta
+                bz += eta * bs[t]
+                for i in range(r):
+                    z = bidx[i]
+                    bz += eta * nrm[z]
+                    for kk in range(k, N):
+                        h[kk] += eta * G[z, kk]
+                nz += r
+                kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
+                nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
+                if not nv > 0.0:
+                    break
+                dot = vy - kap2 * bz * bs[t]
+                err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
+                for kk in range(k, N):
+                    g[kk] = ((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]
+                tot = dot / nv - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+                if tot >= 0.0:
+                    return False
+    return True
+
+
+@njit(cache=True)
+def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g, buf,
+                bidx, yv, gv, h, iters):
+    """A proved lower bound on E over node (level t, next key k), capped at ``top``.
+
+    ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
+    on a bisection of ``[0, top]`` (``iters`` halvings) is returned (``top`` itself when proved
+    there, 0 when nothing is).
+    """
+    if not _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g,
+                       buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+        return top
+    lo_l = 0.0
+    hi_l = top
+    for _ in range(iters):
+        mid = 0.5 * (lo_l + hi_l)
+        if _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, g,
+                       buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+            hi_l = mid
+        else:
+            lo_l = mid
+    return lo_l
