@@ -43,6 +43,12 @@ def _ids(n, seed=0):
     return torch.randint(3, 300, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
+def _reference_model(family, **overrides):
+    """The family's tiny model on transformers' eager attention, the attention the family defines (on
+    4.57-5.2 Gemma 2 defaults to SDPA, which silently drops its soft-cap)."""
+    return models.tiny_family_model(family, 1, attn_implementation="eager", **overrides)
+
+
 def _generate(model, ids, n):
     """transformers' own greedy generation (the family's default attention, DynamicCache)."""
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
@@ -65,7 +71,7 @@ def _windows(model):
 @pytest.mark.parametrize("family", models.TINY_FAMILIES)
 def test_none_equals_generate(family):
     ids = _ids(N_CTX + 1, seed=3)
-    model = models.tiny_family_model(family, 1)
+    model = _reference_model(family)
     ref = _generate(model, ids, NEW)
     assert len(ref) == NEW
     ragged = use_ragged_attention(models.tiny_family_model(family, 1))
@@ -83,7 +89,7 @@ def test_none_equals_generate(family):
             else:  # a sliding layer holds at most its window: exactly positions last - W + 1 .. last
                 assert layer.segment_positions(0, h).tolist() == list(range(last - W + 1, last + 1))
     if any(w is not None for w in windows):  # the window matters: lifting it changes the model's logits
-        wide = models.tiny_family_model(family, 1, sliding_window=4 * N_CTX)
+        wide = _reference_model(family, sliding_window=4 * N_CTX)
         with torch.inference_mode():
             gap = (model(ids).logits[0, -1] - wide(ids).logits[0, -1]).abs().max().item()
         assert gap > 1e-3, family
@@ -93,7 +99,7 @@ def test_none_equals_generate(family):
 def test_none_with_a_question_equals_generate(family):
     # evaluate feeds a multi-token question after the context: the ragged prefill path over a past
     ids = _ids(N_CTX + 5, seed=8)
-    ref = _generate(models.tiny_family_model(family, 1), ids, 4)
+    ref = _generate(_reference_model(family), ids, 4)
     ragged = use_ragged_attention(models.tiny_family_model(family, 1))
     pre = prefill_context(ragged, None, ids[:, :N_CTX])
     assert greedy_answer(ragged, pre.ragged_cache(), ids[:, N_CTX:], pre.n_tokens, 4) == ref, family
@@ -103,7 +109,7 @@ def test_none_with_a_question_equals_generate(family):
 def test_none_equals_generate_through_triton(family):
     # decode steps through the Triton kernel (interpreted on CPU): softcap and sinks in the kernel
     ids = _ids(N_CTX + 1, seed=4)
-    ref = _generate(models.tiny_family_model(family, 1), ids, 4)
+    ref = _generate(_reference_model(family), ids, 4)
     ragged = use_ragged_attention(models.tiny_family_model(family, 1), backend="triton")
     pre = prefill_context(ragged, None, ids[:, :-1])
     assert greedy_answer(ragged, pre.ragged_cache(), ids[:, -1:], pre.n_tokens, 4) == ref, family
@@ -209,7 +215,7 @@ def test_unsupported_features_are_refused():
 def test_window_learned_from_the_call_and_refused_after_an_early_eviction():
     # a fresh RaggedKVCache learns each layer's window from its first attention call (model.generate)
     ids = _ids(N_CTX, seed=6)
-    ref = _generate(models.tiny_family_model("mistral", 1), ids, 4)
+    ref = _generate(_reference_model("mistral"), ids, 4)
     ragged = use_ragged_attention(models.tiny_family_model("mistral", 1))
     cache = RaggedKVCache()
     out = ragged.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None,
