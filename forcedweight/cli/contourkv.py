@@ -66,6 +66,7 @@ def enforcement(
     compression_ratio: Optional[List[str]] = typer.Option(None, "--compression-ratio"),
     max_examples: Optional[int] = typer.Option(None, "--max-examples"),
     threads: int = typer.Option(1, "--threads"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """One fixed selection stored ragged / masked / token union / token top-k: score and physical bytes."""
     import torch
@@ -73,7 +74,8 @@ def enforcement(
     from forcedweight.deploy.contourkv_experiment import enforcement_experiment
 
     torch.set_num_threads(threads)
-    typer.echo(str(enforcement_experiment(model, tasks, out, policy, allocator, _ratios(compression_ratio), max_examples)))
+    typer.echo(str(enforcement_experiment(model, tasks, out, policy, allocator, _ratios(compression_ratio), max_examples,
+                                            progress=progress)))
 
 
 def register(root: typer.Typer) -> None:

@@ -25,6 +25,8 @@ answered from the ragged cache, the masked storage, the token-level union of the
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -34,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight import io as fio
-from forcedweight.deploy.allocate import budget_for, evict, make_allocator, select
+from forcedweight.deploy.allocate import budget_for, check_compression_ratio, evict, make_allocator, select
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.enforcement import (dense_bytes, masked_attention, masked_storage, token_cache, token_topk,
                                              token_union)
@@ -250,25 +252,47 @@ def enforcement_example(model, tok, ex: dict, policy, allocator: str, ratios: Se
 
 
 def enforcement_experiment(model, tasks, out, policy: str = "kvzip", allocator: str = "global",
-                           ratios: Sequence[float] = RATIOS, max_examples: int | None = None) -> Path:
-    """Run the enforcement experiment; write ``OUT/enforcement.parquet`` and ``OUT/enforcement.md``."""
+                           ratios: Sequence[float] = RATIOS, max_examples: int | None = None,
+                           progress: bool = True) -> Path:
+    """Run the enforcement experiment; write ``OUT/enforcement.parquet`` and ``OUT/enforcement.md``.
+
+    Resumable: every finished example is a part in ``OUT/.enforcement.parts`` (with the run's
+    fingerprint, ``io.prepare_work_dir``); a rerun of the same inputs continues after the last one. A
+    second run on the same ``OUT`` is refused while the first holds it (``io.output_lock``).
+    """
     out = Path(out)
     make_allocator(allocator)
     pol = make_policy(policy)
+    ratios = [check_compression_ratio(r) for r in ratios]
     examples = read_tasks(tasks, max_examples)
     target = out / "enforcement.parquet"
     fio.check_output_file(target)
-    loaded = loaded_model(model, "the ContourKV experiment")
-    rows = []
-    for ex in examples:
-        t = time.perf_counter()
-        rows += enforcement_example(loaded.model, loaded.tokenizer, ex, pol, allocator, ratios)
-        rows[-1]["seconds"] = time.perf_counter() - t
-    out.mkdir(parents=True, exist_ok=True)
-    fio.write_table_atomic(pa.Table.from_pylist(rows), target)
-    md = out / "enforcement.md"
-    with fio.atomic_path(md) as tmp:
-        tmp.write_text(enforcement_markdown(rows, f"{policy}/{allocator}"))
+    with fio.output_lock(out, "contourkv enforcement"):
+        loaded = loaded_model(model, "the ContourKV experiment")
+        parts = out / ".enforcement.parts"
+        state = {"tasks": str(Path(tasks).resolve()), "ids": [ex["id"] for ex in examples], "policy": policy,
+                 "allocator": allocator, "ratios": ratios, "model": loaded.name}
+        done = fio.prepare_work_dir(parts, state, lambda msg: print(msg, file=sys.stderr))
+        with fio.progress("contourkv enforcement", enabled=progress) as bar:
+            task = bar.add_task("examples", total=len(examples), completed=len(done))
+            for i, ex in enumerate(examples):
+                name = f"part-{i:06d}.parquet"
+                if name in done:
+                    continue
+                t = time.perf_counter()
+                rows = enforcement_example(loaded.model, loaded.tokenizer, ex, pol, allocator, ratios)
+                for r in rows:
+                    r["seconds"] = time.perf_counter() - t  # the example's wall time, on each of its rows
+                fio.write_table_atomic(pa.Table.from_pylist(rows), parts / name)
+                done[name] = len(rows)
+                fio.write_work_state(parts, state, done)
+                bar.advance(task)
+        rows = [r for name in sorted(done) for r in pq.read_table(parts / name).to_pylist()]
+        fio.write_table_atomic(pa.Table.from_pylist(rows), target)
+        md = out / "enforcement.md"
+        with fio.atomic_path(md) as tmp:
+            tmp.write_text(enforcement_markdown(rows, f"{policy}/{allocator}"))
+        shutil.rmtree(parts, ignore_errors=True)
     return md
 
 

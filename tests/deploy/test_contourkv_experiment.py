@@ -57,3 +57,34 @@ def test_enforcement_masked_equals_ragged_and_holds_the_dense_bytes(tmp_path):
         if st == "token_union":
             assert r["kept_entries"] >= by[(i, ratio, "ragged")]["kept_entries"]  # the union holds more
     assert "enforcing the nominal budget" in md.read_text()
+
+
+def test_enforcement_resumes_after_a_crash_and_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    import pytest
+
+    from forcedweight.deploy import contourkv_experiment as ce
+
+    tasks = _tasks(tmp_path)
+    whole = ce.enforcement_experiment(_model(), tasks, tmp_path / "a", ratios=(0.5,), max_examples=3, progress=False)
+    real, calls = ce.enforcement_example, []
+
+    def crash_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill after two finished examples
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ce, "enforcement_example", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        ce.enforcement_experiment(_model(), tasks, tmp_path / "b", ratios=(0.5,), max_examples=3, progress=False)
+    assert not (tmp_path / "b" / "enforcement.parquet").exists()  # nothing final written by the killed run
+    monkeypatch.setattr(ce, "enforcement_example", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    calls.clear()
+    ce.enforcement_experiment(_model(), tasks, tmp_path / "b", ratios=(0.5,), max_examples=3, progress=False)
+    assert len(calls) == 1  # only the unfinished example was run again
+    drop = ("seconds",)
+    a = [{k: v for k, v in r.items() if k not in drop} for r in pq.read_table(tmp_path / "a" / "enforcement.parquet").to_pylist()]
+    b = [{k: v for k, v in r.items() if k not in drop} for r in pq.read_table(tmp_path / "b" / "enforcement.parquet").to_pylist()]
+    assert a == b
+    assert not (tmp_path / "b" / ".enforcement.parts").exists()
+    assert whole.read_text() == (tmp_path / "b" / "enforcement.md").read_text()
