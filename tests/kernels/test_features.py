@@ -75,10 +75,10 @@ def _close(out, lse, ref, dtype=torch.float32, what=""):
     assert (lse.double() - ref_lse)[~empty].abs().max() <= LSE_ATOL * scale, what
 
 
-CASES = [(G, Dv, softcap, with_sinks, with_bias)
-         for G, Dv in ((1, 16), (2, 24), (4, 16))
-         for softcap, with_sinks in ((3.0, False), (None, True), (1.5, True))
-         for with_bias in (False, True)]
+# every (GQA layout, feature) pair once; bias on alternate cases (CI time: Triton is interpreted)
+CASES = [(G, Dv, softcap, with_sinks, (i + j) % 2 == 0)
+         for i, (G, Dv) in enumerate(((1, 16), (2, 24), (4, 16)))
+         for j, (softcap, with_sinks) in enumerate(((3.0, False), (None, True), (1.5, True)))]
 
 
 @pytest.mark.parametrize("G,Dv,softcap,with_sinks,with_bias", CASES)
