@@ -228,3 +228,19 @@ def test_window_learned_from_the_call_and_refused_after_an_early_eviction():
     blind.evict(0, [torch.arange(5), torch.arange(5)])
     with pytest.raises(InputError, match="evicted before its window was known"):
         greedy_answer(ragged, blind, ids[:, -1:], N_CTX, 2)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss", "mistral"])
+def test_prefill_attention_rows_follow_the_layer(family):
+    # the rows policies read (Prefill.attention) are the model's own eager probabilities: window and
+    # soft-cap applied; with sinks renormalised over the keys (as the dumped rows are)
+    ids = _ids(N_CTX, seed=9)
+    eager = _reference_model(family)
+    with torch.inference_mode():
+        att = eager(ids, output_attentions=True).attentions
+    pre = prefill_context(use_ragged_attention(models.tiny_family_model(family, 1)), None, ids)
+    for i in range(pre.n_layers):
+        ref = att[i][0].double()
+        ref = ref / ref.sum(-1, keepdim=True)  # gpt-oss: the sink's share removed; others: unchanged
+        got = torch.from_numpy(pre.attention(i))
+        assert (got - ref).abs().max().item() <= 1e-5, (family, i)  # float32 model vs float64 rows
