@@ -34,10 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight import io as fio
-from forcedweight.deploy.evaluate import _load, evaluate
+from forcedweight.deploy.evaluate import evaluate
 from forcedweight.deploy.policies.sampled import SAMPLED_PROPOSALS
 from forcedweight.deploy.tasks import higher_is_better
 from forcedweight.errors import InputError
+from forcedweight.models import loaded_model
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def run_robustness(model, tasks, out, cfg: RobustnessConfig, command: str = "", 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
-    loaded = _load(model, device, (lambda m: None) if quiet else (lambda m: print(m, flush=True)))
+    loaded = loaded_model(model, "the robustness study", device=device,
+                          note=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
     frames = []
     for spec in _runs(cfg):
         d = out / "runs" / spec["run"]
