@@ -23,6 +23,9 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
   the wall time 1.3-3x on hard rows (the first pruning success ends the steps).
 
+The tests live in ``node_tests`` (``_node_lb_ok``, and ``_node_value``, their bisection bound); the
+proved bound of a search stopped by the time or node limit, over its open frontier, in ``frontier``.
+
 Before the search the incumbent is polished by best-improvement 1-swaps over all keys
 (``core.swaps.swap_search``; only the incumbent moves: no proof depends on it).
 

@@ -84,9 +84,9 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
     """Bounds of the first-level nodes ``{k}``, k >= k_from, into vals[k] (state[k] as above).
 
     Visited from the last k down (light keys first: their bounds are usually the smallest), each
-    bisection capped at the running minimum, with the quick relaxation below it; then, lazily,
-    the node with the smallest bound gets the full relaxation until the smallest is a refined one.
-    Returns the key-steps spent.
+    bisection capped at the running minimum, with the quick relaxation below it (the full bound and
+    relaxation of the smallest ones come from ``_refine``, within its budget). Returns the
+    key-steps spent.
     """
     N, d = A.shape
     ys1 = np.zeros((2, d))
@@ -124,23 +124,6 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
         vals[k] = v
         state[k] = 1 if v >= top else 0
         cur = min(cur, v)
-    if s == 1 or relax_iters <= RELAX_QUICK:
-        return work
-    done = np.zeros(N, np.bool_)
-    while True:
-        kmin = -1
-        for k in range(k_from, N):
-            if kmin < 0 or vals[k] < vals[kmin]:
-                kmin = k
-        if kmin < 0 or done[kmin] or not vals[kmin] < top:
-            break
-        done[kmin] = True
-        for q in range(d):
-            ys1[1, q] = A[kmin, q]
-        vals[kmin] = max(vals[kmin], relax_bound(ys1[1], pw[kmin], A, pw, nrm, kmin + 1, s - 1, top,
-                                                 relax_iters, 1))
-        state[kmin] = 1
-        work += (N - kmin) * 2 * relax_iters
     return work
 
 
