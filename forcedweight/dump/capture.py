@@ -35,8 +35,9 @@ from forcedweight.dump.hook import LayerCapture, LayerPlan, Recorder, run_captur
 from forcedweight.errors import InputError
 
 FORMAT = "forcedweight-dump/1"
-# A record batch holds at most this many value elements (keeps list offsets within int32).
-_MAX_BATCH_VALUES = 1 << 26
+# A record batch holds at most this many value elements (keeps list offsets within int32, and the
+# memory of one batch at ~64 MB of float32 values: batches are built and written one at a time).
+_MAX_BATCH_VALUES = 1 << 24
 _EXIT_AFTER_ENV = "FORCEDWEIGHT_DUMP_EXIT_AFTER_SHARDS"  # test hook: simulate kill -9
 _MAX_PENDING_WRITES = 4
 
@@ -110,7 +111,9 @@ def package_versions() -> dict[str, str]:
 
 
 def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name: str, with_keys: bool):
-    """Arrow record batches (SPEC §2 schema) of one captured layer, cut to bound batch sizes."""
+    """The schema and the Arrow record batches (SPEC §2 schema) of one captured layer, cut to bound
+    batch sizes; the batches come from a generator, built one at a time as they are consumed
+    (a layer's rows hold R x N x d values, far more than the layer's own (H_kv, N, d) values)."""
     schema = rowsmod.row_schema(pa.float32(), with_keys=with_keys)
     r, t = cap.weights.shape
     d = cap.values.shape[-1]
@@ -124,9 +127,14 @@ def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name
             bounds.append((start, i))
             start, acc = i, int(n[i]) * d
     bounds.append((start, r))
-    keep = np.arange(t)[None, :] < n[:, None]
-    batches = []
+    return schema, _batches(cap, text_id, first_row_id, model_name, with_keys, schema, bounds, n, k0, t, d)
+
+
+def _batches(cap, text_id, first_row_id, model_name, with_keys, schema, bounds, n, k0, t, d):
+    """Yield one record batch per row range (a, b) of ``bounds``: rows a..b-1 of ``cap``, their
+    values (and keys) gathered from the layer's (H_kv, T, d) arrays only while it is built."""
     for a, b in bounds:
+        keep = np.arange(t)[None, :] < n[a:b, None]
         nn = n[a:b]
         offs = np.concatenate([[0], np.cumsum(nn)]).astype(np.int32)
         offs_d = (offs.astype(np.int64) * d).astype(np.int32)
@@ -139,7 +147,7 @@ def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name
         values = np.concatenate([cap.values[kv[i], ss[i] : ss[i] + nn[i]].ravel() for i in range(b - a)])
         cols = {
             "row_id": pa.array(np.arange(first_row_id + a, first_row_id + b, dtype=np.int64)),
-            "weights": lists(cap.weights[a:b][keep[a:b]], offs),
+            "weights": lists(cap.weights[a:b][keep], offs),
             "values": lists(values, offs_d),
             "value_dim": pa.array(np.full(b - a, d, dtype=np.int32)),
             "model": pa.array([model_name] * (b - a), pa.string()),
@@ -155,11 +163,10 @@ def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name
         }
         if with_keys:
             keys = np.concatenate([cap.keys[kv[i], ss[i] : ss[i] + nn[i]].ravel() for i in range(b - a)])
-            cols["logits"] = lists(cap.logits[a:b][keep[a:b]], offs)
+            cols["logits"] = lists(cap.logits[a:b][keep], offs)
             cols["keys"] = lists(keys, offs_d)
             cols["query"] = lists(cap.queries[a:b].ravel(), (np.arange(b - a + 1) * d).astype(np.int32))
-        batches.append(pa.record_batch([cols[f.name] for f in schema], schema=schema))
-    return schema, batches
+        yield pa.record_batch([cols[f.name] for f in schema], schema=schema)
 
 
 def _fingerprint(manifest: dict) -> dict:

@@ -161,12 +161,12 @@ def _inner_function(module, wrapped: str) -> Callable:
     return ALL_ATTENTION_FUNCTIONS[wrapped]
 
 
-def _visible_from_mask(mask: torch.Tensor, module) -> torch.Tensor:
-    """(T_q, T_k) bool: the keys each query attends to under a 4-D eager/SDPA mask (batch 1)."""
-    m = mask[0]
-    if m.shape[0] > 1 and not bool((m == m[:1]).all()):
-        raise InputError(f"--model: {_layer_name(module)}: the attention mask differs across heads (not supported)")
-    m = m[0]
+_CHECK_ROWS = 1024  # query rows of the mask checked at a time (bounded memory for long contexts)
+
+
+def _visible_from_mask(m: torch.Tensor, module) -> torch.Tensor:
+    """(rows, T_k) bool: the keys each query of a block attends to under a (rows, T_k) slice of an
+    eager/SDPA mask (boolean, or additive 0 / -inf)."""
     if m.dtype == torch.bool:
         return m
     blocked = m <= torch.finfo(m.dtype).min / 2
@@ -189,18 +189,29 @@ def _check_pattern(module, attention_mask, wrapped: str, t: int, window: int | N
         return
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
         raise InputError(f"--model: {_layer_name(module)}: unsupported attention mask ({type(attention_mask).__name__})")
-    visible = _visible_from_mask(attention_mask, module)
-    q_idx = torch.arange(t, device=device)[:, None]
-    k_idx = torch.arange(visible.shape[-1], device=device)[None, :]
-    expected = k_idx <= q_idx
-    if window is not None:
-        expected &= k_idx > q_idx - window
-    if visible.shape != expected.shape or not torch.equal(visible.to(device), expected):
-        what = f"causal with a {window}-token sliding window" if window is not None else "causal"
+    mask = attention_mask[0]
+    what = f"causal with a {window}-token sliding window" if window is not None else "causal"
+    if mask.shape[-2] != t:
         raise InputError(
             f"--model: {_layer_name(module)}: the attention mask is not {what} "
             "(chunked, padded or bidirectional attention is not supported)"
         )
+    # in blocks of query rows: a few (rows, T) temporaries instead of several (T, T) ones
+    k_idx = torch.arange(mask.shape[-1], device=mask.device)[None, :]
+    for a in range(0, t, _CHECK_ROWS):
+        block = mask[:, a : a + _CHECK_ROWS]
+        if block.shape[0] > 1 and not bool((block == block[:1]).all()):
+            raise InputError(f"--model: {_layer_name(module)}: the attention mask differs across heads (not supported)")
+        visible = _visible_from_mask(block[0], module)
+        q_idx = torch.arange(a, a + visible.shape[0], device=mask.device)[:, None]
+        expected = k_idx <= q_idx
+        if window is not None:
+            expected &= k_idx > q_idx - window
+        if not torch.equal(visible, expected):
+            raise InputError(
+                f"--model: {_layer_name(module)}: the attention mask is not {what} "
+                "(chunked, padded or bidirectional attention is not supported)"
+            )
 
 
 def capture_attention(
