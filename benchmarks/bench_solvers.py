@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_solvers.py [--n 64,256,1024] [--rows 4] [--time-limit 2] [--s 8]
     .venv/bin/python benchmarks/bench_solvers.py --real DUMP_DIR [--n 64,256,1024] [--rows 20]
-        [--rows-scip 10] [--seed 0] [--csv per_row.csv]
+        [--rows-scip 10] [--seed 0] [--csv per_row.csv] [--node-limit K] [--relax-iters R]
+        [--refine-work W]
 
 Synthetic rows: softmax of N(0, sigma^2) logits with Gaussian values (d = 64); "peaked"
 sigma = 3, "flat" sigma = 0.5. ``--real``: rows of a ``forcedweight dump`` whose N lies within
