@@ -19,34 +19,37 @@ import numpy as np
 from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT
 from forcedweight.certify.solvers import cpsat, mitm, scip
 from forcedweight.certify.solvers.bnb import solve_bnb
+from forcedweight.certify.solvers.frontier import REFINE_WORK
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.errors import InputError
 
 SolveFn = Callable[..., "tuple[SolverResult, str | None]"]
 
 
-def _bnb(p, V, s, incumbent, time_limit, node_limit=None):
-    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit), None
+def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
+    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit,
+                     refine_work=refine_work), None
 
 
-def _auto(p, V, s, incumbent, time_limit, node_limit=None):
+def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
     """mitm on uniform-mass 1-D integer rows (bnb with the time left when it gives up), else bnb."""
     if not mitm.matches(p, V):
-        return _bnb(p, V, s, incumbent, time_limit, node_limit)
+        return _bnb(p, V, s, incumbent, time_limit, node_limit, refine_work)
     res = mitm.solve_mitm(p, V, s, time_limit=time_limit)
     left = time_limit - res.seconds
     if res.proved or left <= 0:
         return res, None
     # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
     note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
-    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left, node_limit=node_limit), note
+    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left, node_limit=node_limit,
+                     refine_work=refine_work), note
 
 
-def _scip(p, V, s, incumbent, time_limit, node_limit=None):
+def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
     return scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit), None
 
 
-def _cpsat(p, V, s, incumbent, time_limit, node_limit=None):
+def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
     """CP-SAT on integral rows; scip (with a note) on the others."""
     try:
         return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
@@ -60,16 +63,16 @@ SOLVERS: dict[str, SolveFn | None] = {"auto": _auto, "bnb": _bnb, "scip": _scip,
 
 
 def run_solver(name: str, p: np.ndarray, V: np.ndarray, s: int, incumbent: np.ndarray, time_limit: float,
-               node_limit: int | None = None):
+               node_limit: int | None = None, refine_work: float = REFINE_WORK):
     """Run the solver registered as ``name``; returns ``(SolverResult, note)`` (note: a fallback, or None).
 
     ``node_limit`` caps bnb's search nodes (scip and cpsat run on time alone; mitm is exact or gives up
-    deterministically).
+    deterministically); ``refine_work`` is bnb's budget for refining a stopped search's lower bound.
     """
     solve = SOLVERS.get(name)
     if solve is None:
         raise ValueError(f"unknown solver {name!r}")
-    return solve(p, V, s, incumbent, time_limit, node_limit)
+    return solve(p, V, s, incumbent, time_limit, node_limit, refine_work)
 
 
 #: the largest --time-limit accepted (seconds; about 31 years)
@@ -97,6 +100,10 @@ class CertifyOptions:
         time limit not reached first) the statuses and bounds are the same on any machine.
     pool_node_limit : nodes of the pool-restricted bnb that computes ``ES_pool`` where
         ``C(pool, s) > max_subsets`` (``pool.pool_optimum``); unproved within it, the pool is shrunk.
+    refine_work : budget, in key-steps (counted, not timed: deterministic), of the refinement of the
+        lower bound of a search stopped by its time or node limit (``--refine-work``; bnb only, 0 = the
+        frontier bound without refinement). It runs after the limit, so it adds to ``seconds``: the
+        default (2e9) is about 6-7 s per open row at N = 256-1024 on one core.
     max_memory : bytes one (row, s) may ask of the solver (``--max-memory``; None = half the
         machine's RAM, ``default_max_memory``). A row whose estimate (``solver_memory``: bnb's dense
         N x N Gram matrix) is above it is refused with its reason: an error, or ``status=invalid``
@@ -112,6 +119,7 @@ class CertifyOptions:
     balance_candidates: str = "all"
     node_limit: int | None = None
     pool_node_limit: int = POOL_NODE_LIMIT
+    refine_work: float = REFINE_WORK
     max_memory: int | None = None
 
     def __post_init__(self):
@@ -131,6 +139,8 @@ class CertifyOptions:
             raise InputError(f"--max-subsets must be >= 1, got {self.max_subsets}")
         if self.node_limit is not None and self.node_limit < 1:
             raise InputError(f"--node-limit must be >= 1, got {self.node_limit}")
+        if not (self.refine_work >= 0 and math.isfinite(self.refine_work)):
+            raise InputError(f"--refine-work must be a finite number >= 0, got {self.refine_work}")
         if self.pool_node_limit < 0:
             raise InputError(f"pool_node_limit must be >= 0, got {self.pool_node_limit}")
         if self.balance_candidates not in ("all", "pool"):

@@ -17,6 +17,7 @@ from forcedweight.certify.record import proof_gap
 from forcedweight.certify.solvers.bnb import root_bound, solve_bnb
 from forcedweight.certify.warmup import warm_up
 from forcedweight.core import operator as op
+from forcedweight.errors import InputError
 
 
 def _pv(seed, n, d, peak):
@@ -206,3 +207,28 @@ def test_refined_node_bound_is_below_the_brute_force_node_minimum(seed, n, d, pe
     assert 0.0 <= lb <= exact * (1 + 1e-12) + 1e-300  # a proof (float64, relative 1e-12)
     if budget == 1e12 and np.isfinite(exact):
         assert lb >= exact * (1 - 1e-9)  # converged to the leaves
+
+
+def test_refine_work_option_reaches_the_solver_and_only_raises_bounds(tmp_path):
+    import inspect
+
+    from forcedweight.certify.solvers.frontier import REFINE_WORK
+    from forcedweight.cli.certify import certify as certify_cli
+
+    recs = []
+    for i in range(3):
+        p, V = _pv(200 + i, 120, 3, 1.0)
+        recs.append(dict(weights=p, values=V.ravel(), value_dim=3))
+    src = tmp_path / "r.parquet"
+    pq.write_table(rows.make_row_table(recs), src)
+    outs = {}
+    for work in (0.0, REFINE_WORK):
+        opts = CertifyOptions(pool_mass=2, pool_error=1, solver="bnb", node_limit=200, time_limit=600.0, refine_work=work)
+        outs[work] = pl.read_parquet(certify_file(src, tmp_path / f"o{work:g}.parquet", [6], opts, progress=False))
+    a, b = outs[0.0], outs[REFINE_WORK]
+    assert a["es_best"].to_list() == b["es_best"].to_list()  # the search itself is the same
+    assert (b["lower_bound"] >= a["lower_bound"] - 1e-12).all()  # refinement only raises the bound
+    assert (b["lower_bound"] <= b["es_best"] * (1 + 1e-9)).all()  # and it stays a lower bound
+    assert inspect.signature(certify_cli).parameters["refine_work"].default.default == REFINE_WORK
+    with pytest.raises(InputError, match="--refine-work"):
+        CertifyOptions(refine_work=-1.0)
