@@ -103,7 +103,7 @@ class CertifyOptions:
     refine_work : budget, in key-steps (counted, not timed: deterministic), of the refinement of the
         lower bound of a search stopped by its time or node limit (``--refine-work``; bnb only, 0 = the
         frontier bound without refinement). It runs after the limit, so it adds to ``seconds``: the
-        default (2e9) is about 6-7 s per open row at N = 256-1024 on one core.
+        default (5e8) is about 1 s per open row at N = 256-1024 on one core, 2e9 about 6-7 s.
     max_memory : bytes one (row, s) may ask of the solver (``--max-memory``; None = half the
         machine's RAM, ``default_max_memory``). A row whose estimate (``solver_memory``: bnb's dense
         N x N Gram matrix) is above it is refused with its reason: an error, or ``status=invalid``

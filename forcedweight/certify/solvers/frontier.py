@@ -29,7 +29,7 @@ from numba import njit
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA
 
-REFINE_WORK = 2e9  # default key-steps of the best-first refinement (0 = off; ~6-7 s per open row at N = 256-1024, one core)
+REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full")
 

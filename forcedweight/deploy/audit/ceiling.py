@@ -101,7 +101,7 @@ def choose(method: str, p: np.ndarray, V: np.ndarray, s: int, solver: str = "bnb
         return kept, info
     if method == "best":
         start, _ = balancing(p, V, s)  # warm start: so E(best) <= E(balancing) <= E(top)
-        res, _ = run_solver(solver, p, V, s, start, time_limit)
+        res, _ = run_solver(solver, p, V, s, start, time_limit, refine_work=0)  # the best set is used, never the bound
         kept = np.sort(np.asarray(res.best_set, dtype=np.int64))
         e_start = op.forced_error(p, V, start)
         improved = op.forced_error(p, V, kept) < e_start * (1 - 1e-12)
