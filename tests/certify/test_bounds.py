@@ -108,13 +108,19 @@ def test_proof_gap():
     assert proof_gap(0.0, 0.0) == 0.0
 
 
-def test_two_node_limited_runs_give_identical_outputs(tmp_path):
+def _rows_file(tmp_path, seeds, n=120):
+    """A rows Parquet file of random rows (``_pv(seed, n, 3, 1.0)``, value dim 3), one per seed."""
     recs = []
-    for i in range(4):
-        p, V = _pv(100 + i, 120, 3, 1.0)
+    for seed in seeds:
+        p, V = _pv(seed, n, 3, 1.0)
         recs.append(dict(weights=p, values=V.ravel(), value_dim=3))
     src = tmp_path / "r.parquet"
     pq.write_table(rows.make_row_table(recs), src)
+    return src
+
+
+def test_two_node_limited_runs_give_identical_outputs(tmp_path):
+    src = _rows_file(tmp_path, range(100, 104))
     opts = CertifyOptions(pool_mass=2, pool_error=1, solver="bnb", node_limit=200, time_limit=600.0)
     outs = []
     for k in range(2):
@@ -215,12 +221,7 @@ def test_refine_work_option_reaches_the_solver_and_only_raises_bounds(tmp_path):
     from forcedweight.certify.solvers.frontier import REFINE_WORK
     from forcedweight.cli.certify import certify as certify_cli
 
-    recs = []
-    for i in range(3):
-        p, V = _pv(200 + i, 120, 3, 1.0)
-        recs.append(dict(weights=p, values=V.ravel(), value_dim=3))
-    src = tmp_path / "r.parquet"
-    pq.write_table(rows.make_row_table(recs), src)
+    src = _rows_file(tmp_path, range(200, 203))
     outs = {}
     for work in (0.0, REFINE_WORK):
         opts = CertifyOptions(pool_mass=2, pool_error=1, solver="bnb", node_limit=200, time_limit=600.0, refine_work=work)
