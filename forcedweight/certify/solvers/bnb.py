@@ -44,6 +44,7 @@ import numpy as np
 from numba import njit
 
 from forcedweight.core import operator as op
+from forcedweight.core.kick_search import KICK_AFTER, KICK_SIZE, KICK_WORK, kick_search
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
@@ -124,7 +125,8 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
-              A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK) -> SolverResult:
+              A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK,
+              kick_work: float = KICK_WORK) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -133,7 +135,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     incumbent : optional (s,) key indices of a known good set (warm start; default top-mass).
     time_limit : seconds (checked between batches of nodes).
     rel_tol : a node is pruned when its bound is >= best * (1 - rel_tol).
-    polish : first improve the incumbent by best-improvement 1-swaps over all keys.
+    polish : first improve the incumbent by best-improvement 1-swaps over all keys; and when the
+        search is not done after ``kick_search.KICK_AFTER`` nodes, by ``kick_work`` pair
+        evaluations of random kicks and 1-swap descents (``core.kick_search``; 0 = off).
     node_limit : optional cap on the search nodes (deterministic: the same stop, statuses and
         bounds on any machine, when ``time_limit`` is not reached first).
     A : optional (N, d) centred contributions ``a_i = p_i (v_i - mu)`` to use instead of
@@ -201,9 +205,23 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     cs = np.zeros((s + 1, N))
     budget = 256
     deadline = t0 + time_limit
+    kick_at = KICK_AFTER if polish and kick_work > 0 else -1  # node count of the kick search
+    kick_gain = None
     while True:
         if node_limit is not None:
             budget = min(budget, node_limit - int(state[2]))
+        if kick_at > int(state[2]):  # a batch ends exactly there, so node-limited runs stay deterministic
+            budget = min(budget, kick_at - int(state[2]))
+        elif kick_at == int(state[2]):
+            # the search did not finish in KICK_AFTER nodes: improve the incumbent by kicks (a
+            # better incumbent only prunes more; the search resumes where it stopped)
+            kicked = kick_search(A, pw, G, bestset.astype(np.int64), float(kick_work), KICK_SIZE, 0)
+            e_kick = float(np.linalg.norm(A[kicked].sum(axis=0)) / pw[kicked].sum())
+            kick_gain = e_kick < best[0]
+            if kick_gain:
+                best[0] = e_kick
+                bestset[:] = kicked
+            kick_at = -1
         tb = time.perf_counter()
         _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
                 idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA, DECAY)
@@ -225,6 +243,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
+            "kick_improved": None if kick_gain is None else bool(kick_gain),
             "stopped_by": None if proved else ("nodes" if node_limit is not None and state[2] >= node_limit else "time")}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
                         rel_tol * value, info)

@@ -1,0 +1,141 @@
+"""Iterated 1-swap search with random kicks: a better incumbent for the exact solvers (issue 15).
+
+The 1-swap search (``core.swaps.swap_search``) stops at the first set no single swap improves.
+On rows whose attention is spread over hundreds of keys that local minimum is often far from the
+best set (a branch and bound then spends most of its nodes under a loose incumbent). Here, from
+the best set found so far, ``kick`` kept keys are replaced by random others and the 1-swap descent
+is run again; the result replaces the best when it is lower. Deterministic for a seed.
+
+With ``a_i = p_i (v_i - mu)``, ``y = sum_S a_i``, ``w = p(S)`` and ``c_j = <y, a_j>`` (from the
+Gram matrix ``G``), swapping kept ``i`` for ``j`` gives
+``||y'||^2 = ||y||^2 - 2 c_i + G_ii + 2 (c_j - G_ij) + G_jj`` and ``w' = w - p_i + p_j``: one
+O(1) update per pair, O(s N) per scan. The Gram values only steer the search: the set returned
+is valued directly (``||sum_S a_i|| / p(S)`` in float64) and is kept only when that is lower
+than the start's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+KICK_WORK = 5e7  # default budget in pair evaluations (~0.25 s at N = 1024, s = 8, one core; BENCHMARKS.md, issue 15)
+KICK_AFTER = 5000  # the branch and bound runs the kicks only when not done after this many nodes
+KICK_SIZE = 2  # kept keys replaced per kick
+REL = 1e-12  # a swap must lower E by this relative amount (guards against round-off cycles)
+
+
+@njit(cache=True)
+def _value(A, pw, members):
+    d = A.shape[1]
+    y = np.zeros(d)
+    w = 0.0
+    for i in members:
+        w += pw[i]
+        for q in range(d):
+            y[q] += A[i, q]
+    if not w > 0.0:
+        return np.inf
+    return np.sqrt(np.sum(y * y)) / w
+
+
+@njit(cache=True)
+def _descend(A, pw, G, members, in_set, c, max_work):
+    """Best-improvement 1-swaps on ``members`` (in place) until none improves; returns the work."""
+    N = pw.shape[0]
+    s = members.shape[0]
+    work = 0.0
+    while work < max_work:
+        # c_j = <y, a_j> from the members' Gram rows (recomputed: no drift)
+        ny2 = 0.0
+        w = 0.0
+        for j in range(N):
+            c[j] = 0.0
+        for i in members:
+            w += pw[i]
+            for j in range(N):
+                c[j] += G[i, j]
+        for i in members:
+            ny2 += c[i]
+        e_cur = np.sqrt(max(ny2, 0.0)) / w if w > 0.0 else np.inf
+        best = e_cur * (1.0 - REL)
+        bi = -1
+        bj = -1
+        for a in range(s):
+            i = members[a]
+            base = ny2 - 2.0 * c[i] + G[i, i]
+            wi = w - pw[i]
+            for j in range(N):
+                if in_set[j]:
+                    continue
+                wn = wi + pw[j]
+                if not wn > 0.0:
+                    continue
+                n2 = base + 2.0 * (c[j] - G[i, j]) + G[j, j]
+                e = np.sqrt(max(n2, 0.0)) / wn
+                if e < best:
+                    best = e
+                    bi = a
+                    bj = j
+        work += s * N
+        if bi < 0:
+            break
+        in_set[members[bi]] = False
+        in_set[bj] = True
+        members[bi] = bj
+    return work
+
+
+@njit(cache=True)
+def kick_search(A, pw, G, start, work, kick, seed):
+    """The best set found by kicks and 1-swap descents from ``start``.
+
+    Parameters
+    ----------
+    A : (N, d) float64 contributions ``a_i = p_i (v_i - mu)`` (any order and rotation).
+    pw : (N,) float64 masses; G : (N, N) float64 ``A A^T``.
+    start : (s,) int64 distinct key indices, 1 <= s < N.
+    work : budget in pair evaluations (one scan of the swap neighbourhood costs s N).
+    kick : kept keys replaced at random per kick (at most s).
+    seed : int, the random stream (``np.random.seed`` inside Numba).
+
+    Returns
+    -------
+    (s,) int64 sorted indices with directly computed E no greater than E(start).
+    """
+    N = pw.shape[0]
+    s = start.shape[0]
+    np.random.seed(seed)
+    best = start.copy()
+    e_best = _value(A, pw, best)
+    cur = best.copy()
+    in_set = np.zeros(N, np.bool_)
+    c = np.empty(N)
+    spent = 0.0
+    kick = max(1, min(kick, s))
+    first = True
+    while spent < work:
+        for i in range(N):
+            in_set[i] = False
+        for a in range(s):
+            cur[a] = best[a]
+            in_set[cur[a]] = True
+        if not first:
+            for _ in range(kick):
+                a = np.random.randint(0, s)
+                j = np.random.randint(0, N)
+                while in_set[j]:
+                    j = np.random.randint(0, N)
+                in_set[cur[a]] = False
+                in_set[j] = True
+                cur[a] = j
+        first = False
+        spent += _descend(A, pw, G, cur, in_set, c, work - spent) + N
+        e = _value(A, pw, cur)
+        if e < e_best:
+            e_best = e
+            best[:] = cur
+    return np.sort(best)
+
+
+__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "kick_search"]
