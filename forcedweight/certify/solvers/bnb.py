@@ -50,6 +50,7 @@ from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
 from forcedweight.certify.solvers.node_tests import _EPS, DECAY, NREF, THETA, _box_tables, _node_lb_ok
 from forcedweight.certify.solvers.result import SolverResult
+from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
 REL_TOL = 1e-9
 POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
@@ -126,7 +127,7 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
               A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK,
-              kick_work: float = KICK_WORK) -> SolverResult:
+              kick_work: float = KICK_WORK, tail_lps: int = TAIL_LPS) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -149,6 +150,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     refine_work : budget (key-steps) of the best-first refinement of the open frontier's bound
         (``frontier._refine``: the node with the smallest bound gets its full bound, then is split
         into its children; 0 = off; only the bound of a stopped search changes, not the search).
+    tail_lps : linear programs tried for the tail node of a stopped search (all sets of the lightest
+        keys under one bound, ``lp_bound.choose_tail``; 0 = off; only the bound changes).
 
     Returns
     -------
@@ -237,9 +240,10 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     if proved:
         lb = value
     else:
-        refine = np.zeros(6, dtype=np.int64)
+        refine = np.zeros(len(REFINE_STATS), dtype=np.int64)
         lb = float(open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
-                              bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine))
+                              bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
+                              int(tail_lps)))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),

@@ -27,11 +27,14 @@ import numpy as np
 from numba import njit
 
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
+from forcedweight.certify.solvers.lp_bound import NODE_LPS, TAIL_LPS, choose_tail, node_bound
 from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA
 
 REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
-REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full")
+STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls for a tail node
+REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
+                "tail_from")
 
 
 @njit(cache=True)
@@ -80,13 +83,14 @@ def _leaf_lower(ys, t, A, pw, nrm, bs, ws, j, d, s):
 
 @njit(cache=True)
 def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
-                      vals, state):
-    """Bounds of the first-level nodes ``{k}``, k >= k_from, into vals[k] (state[k] as above).
+                      vals, state, k_to, cur0, stop_below, out):
+    """Bounds of the first-level nodes ``{k}``, k_from <= k < k_to, into vals[k] (state[k] as above).
 
     Visited from the last k down (light keys first: their bounds are usually the smallest), each
-    bisection capped at the running minimum, with the quick relaxation below it (the full bound and
-    relaxation of the smallest ones come from ``_refine``, within its budget). Returns the
-    key-steps spent.
+    bisection capped at the running minimum (which starts at ``min(top, cur0)``), with the quick
+    relaxation below it (the full bound and relaxation of the smallest ones come from ``_refine``,
+    within its budget). Stops after the first node whose bound is below ``stop_below`` and sets
+    ``out[0]`` to its k (-1 when the pass completed). Returns the key-steps spent.
     """
     N, d = A.shape
     ys1 = np.zeros((2, d))
@@ -99,9 +103,10 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
     yv = np.empty(d)
     gv = np.empty(d)
     h = np.zeros(N)
-    cur = top
+    cur = min(top, cur0)
     work = 0.0
-    for k in range(min(N - s, N - 1), k_from - 1, -1):
+    out[0] = -1
+    for k in range(min(N - s, N - 1, k_to - 1), k_from - 1, -1):
         for q in range(d):
             ys1[1, q] = A[k, q]
         ws1[1] = pw[k]
@@ -124,6 +129,9 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
         vals[k] = v
         state[k] = 1 if v >= top else 0
         cur = min(cur, v)
+        if v < stop_below:
+            out[0] = k
+            break
     return work
 
 
@@ -282,7 +290,7 @@ def first_level_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
     vals = np.full(N, np.inf)
     fstate = np.zeros(N, np.int64)
     _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
-                      vals, fstate)
+                      vals, fstate, N, np.inf, -1.0, np.zeros(1, np.int64))
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, 0)
     if s == 1 or budget <= 0.0:
@@ -295,22 +303,18 @@ def first_level_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
 
 
 @njit(cache=True)
-def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
-               relax_iters, budget, stats):
-    """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
+def _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
+                   relax_iters, vals, fstate, k_from):
+    """The open frontier of a stopped search, each node bounded (arrays as ``_frontier``, size m),
+    from the first-level bounds ``vals`` (N,; ``inf`` = not a node: covered elsewhere) and the path.
 
     The open frontier of the depth-first search is the current node (t_cur, idx[t_cur]) and, for
     each level t < t_cur, the exclusion branch (t, idx[t] + 1). Level 0 is covered by its
     first-level children ``{k}``, k > idx[0] (k >= idx[0] when t_cur = 0); every deeper open node
     lies inside the first-level node ``{idx[0]}``, so its bound is the larger of its own and that
-    node's. Then ``budget`` key-steps of best-first refinement over all of them (``_refine``).
+    node's.
     """
     N, d = A.shape
-    k_from = idx[0] if t_cur == 0 else idx[0] + 1
-    vals = np.full(N, np.inf)
-    fstate = np.zeros(N, np.int64)
-    _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
-                      vals, fstate)
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
     if t_cur > 0:
@@ -350,11 +354,66 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
                 val[m] = v
                 state[m] = 1
                 m += 1
+    return keys, tt, kn, val, state, m
+
+
+def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
+               relax_iters, budget, stats, tail_lps=TAIL_LPS):
+    """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
+
+    The first-level pass runs from the lightest key down; when a node's bound falls below
+    ``STOP_BELOW * best`` (on spread rows: a node the quick tests cannot bound), it is bounded
+    along a direction from a linear program (``lp_bound.node_bound``, at most ``NODE_LPS`` per
+    search); if still low, the sets of all the keys from a start at or above it are covered instead
+    by one tail node bounded by a linear program (``lp_bound.choose_tail``; at most ``tail_lps`` tail starts in all, 0 = off;
+    ``stats[6]`` = the tail's first key, -1 for none), and the pass goes on below the tail, moving
+    the tail's start down again at the next such node. Then the open frontier
+    (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``).
+    """
+    N = A.shape[0]
+    k_from = int(idx[0] if t_cur == 0 else idx[0] + 1)
+    vals = np.full(N, np.inf)
+    fstate = np.zeros(N, np.int64)
+    out = np.full(1, -1, np.int64)
+    use_tail = tail_lps > 0 and 1 < s < N
+    stop = STOP_BELOW * best if use_tail else -1.0
+    k_tail, v_tail = N, np.inf
+    stats[6] = -1
+    k_to, cur0, lps, nlps = N, np.inf, int(tail_lps), NODE_LPS if tail_lps > 0 else 0
+    while True:
+        _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
+                          vals, fstate, k_to, cur0, stop if lps + nlps > 0 else -1.0, out)
+        if out[0] < 0:
+            break
+        kz = int(out[0])
+        if nlps > 0:  # first its own bound along an LP direction
+            nlps -= 1
+            vals[kz] = max(vals[kz], node_bound(A, pw, nrm, kz, s, float(best)))
+            fstate[kz] = 1 if vals[kz] >= best else 0
+        kt = N
+        if vals[kz] < stop and lps > 0:  # then a tail from kz or below, if it bounds the node better
+            kt, vt, used = choose_tail(A, pw, nrm, kz, k_from, s, float(best), float(vals[kz]), lps)
+            lps -= used
+        if kt <= kz:  # the tail (all sets of the keys >= kt) replaces the first-level nodes from kt on
+            k_tail, v_tail = kt, vt
+            vals[kt:] = np.inf
+            fstate[kt:] = 0
+            stats[6] = kt
+            k_to, cur0 = kt, vt
+        else:  # the pass goes on from the node below
+            k_to, cur0 = kz, min(float(vals[kz:].min()), v_tail)
+    keys, tt, kn, val, state, m = _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
+                                                 bs, cs, best, gamma, iters, relax_iters, vals, fstate, k_from)
+    if k_tail < N and v_tail < best and m < keys.shape[0]:
+        keys[m] = 0
+        tt[m] = 0
+        kn[m] = k_tail
+        val[m] = v_tail
+        state[m] = 1  # final; when it is again the smallest, _refine splits it into {k}, k >= k_tail
+        m += 1
     if budget <= 0.0 or s == 1:
-        out = best
-        for j in range(m):
-            out = min(out, val[j])
-        return max(out, 0.0)
+        live = val[:m][state[:m] >= 0]
+        return max(min(float(best), float(live.min()) if live.size else np.inf), 0.0)
     return _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
                    relax_iters, budget, stats)
 
