@@ -380,6 +380,7 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     k_tail, v_tail = N, np.inf
     stats[6] = -1
     k_to, cur0, lps, nlps = N, np.inf, int(tail_lps), NODE_LPS if tail_lps > 0 else 0
+    left_low = np.zeros(N, dtype=np.bool_)
     while True:
         _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
                           vals, fstate, k_to, cur0, stop if lps + nlps > 0 else -1.0, out)
@@ -400,8 +401,12 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
             fstate[kt:] = 0
             stats[6] = kt
             k_to, cur0 = kt, vt
-        else:  # the pass goes on from the node below
-            k_to, cur0 = kz, min(float(vals[kz:].min()), v_tail)
+        else:  # the pass goes on from the node below; nodes left low do not cap the others'
+            # bisections (they are split first by the refinement; the others keep their own bounds)
+            if vals[kz] < stop:
+                left_low[kz] = True
+            rest = vals[kz:][~left_low[kz:]]
+            k_to, cur0 = kz, min(float(rest.min()) if rest.size else np.inf, v_tail)
     keys, tt, kn, val, state, m = _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                                                  bs, cs, best, gamma, iters, relax_iters, vals, fstate, k_from)
     if k_tail < N and v_tail < best and m < keys.shape[0]:
