@@ -20,15 +20,22 @@ from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT
 from forcedweight.certify.solvers import cpsat, mitm, scip
 from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.solvers.frontier import REFINE_WORK
+from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.errors import InputError
 
 SolveFn = Callable[..., "tuple[SolverResult, str | None]"]
 
 
+def _bound_effort(refine_work):
+    """bnb's options for the bound of a stopped search: ``refine_work = 0`` turns off all work on it
+    (the refinement and the LP directions), for callers that use only the best set."""
+    return {"refine_work": refine_work, "tail_lps": TAIL_LPS if refine_work > 0 else 0}
+
+
 def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
     return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit,
-                     refine_work=refine_work), None
+                     **_bound_effort(refine_work)), None
 
 
 def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
@@ -42,7 +49,7 @@ def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WO
     # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
     note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
     return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left, node_limit=node_limit,
-                     refine_work=refine_work), note
+                     **_bound_effort(refine_work)), note
 
 
 def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):

@@ -99,7 +99,7 @@ def bnb_in_pool(p, V, pool, s: int, node_limit: int, A=None, incumbent=None):
         A = op.centred_contributions(p, np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1))
     start = None if incumbent is None else np.searchsorted(pool, np.asarray(incumbent, dtype=np.int64))
     res = solve_bnb(p[pool], None, s, incumbent=start, time_limit=math.inf, node_limit=node_limit, A=A[pool],
-                    relax_iters=0, refine_work=0)  # only the proof is used, never a stopped search's bound
+                    relax_iters=0, refine_work=0, tail_lps=0)  # only the proof is used, never a stopped search's bound
     best = np.sort(pool[res.best_set])
     return bool(res.proved), op.forced_error(p, V, best, A=A), best
 

@@ -77,3 +77,24 @@ def test_frontier_with_lp_nodes_and_tails_stays_a_proof(seed, monkeypatch):
         if not res.proved:
             off = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0, tail_lps=0)
             assert off.value == res.value and off.info["nodes"] == res.info["nodes"]  # only the bound moves
+
+
+def test_refine_work_zero_turns_off_all_bound_work_through_the_registry(monkeypatch):
+    # callers that use only the best set (the selection-ceiling audit) pass refine_work = 0: then no
+    # LP runs either, and the bound is the plain first-level pass's
+    import forcedweight.certify.solvers.frontier as fr
+    from forcedweight.certify.options import run_solver
+
+    monkeypatch.setattr(fr, "STOP_BELOW", 1.0)  # every first-level node would call for an LP
+    calls = []
+    monkeypatch.setattr(fr, "node_bound", lambda *a: calls.append(a) or 0.0)
+    rng = np.random.default_rng(4)
+    p = np.exp(rng.normal(size=40))
+    p /= p.sum()
+    V = rng.normal(size=(40, 3))
+    start = op.top_mass_set(p, 5)
+    off, _ = run_solver("bnb", p, V, 5, start, 60.0, node_limit=3, refine_work=0)
+    plain = solve_bnb(p, V, 5, incumbent=start, node_limit=3, time_limit=60.0, refine_work=0, tail_lps=0)
+    assert not off.proved and off.lower_bound == plain.lower_bound and not calls
+    run_solver("bnb", p, V, 5, start, 60.0, node_limit=3)  # the default does call it
+    assert calls
