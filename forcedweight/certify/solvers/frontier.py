@@ -32,7 +32,8 @@ from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_val
 
 REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
-STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls for a tail node
+STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls for an LP direction
+LP_KEYS = 24_000  # budget of those LPs per stopped search, in keys (an LP over N - k keys costs N - k)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
                 "tail_from")
 
@@ -364,7 +365,8 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     The first-level pass runs from the lightest key down; when a node's bound falls below
     ``STOP_BELOW * best`` (on spread rows: a node the quick tests cannot bound), it is bounded
     along a direction from a linear program (``lp_bound.node_bound``, at most ``NODE_LPS`` per
-    search); if still low, the sets of all the keys from a start at or above it are covered instead
+    search, and LPs over ``LP_KEYS`` keys in all, tails included; deterministic); if still low,
+    the sets of all the keys from a start at or above it are covered instead
     by one tail node bounded by a linear program (``lp_bound.choose_tail``; at most ``tail_lps`` tail starts in all, 0 = off;
     ``stats[6]`` = the tail's first key, -1 for none), and the pass goes on below the tail, moving
     the tail's start down again at the next such node. Then the open frontier
@@ -380,6 +382,7 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     k_tail, v_tail = N, np.inf
     stats[6] = -1
     k_to, cur0, lps, nlps = N, np.inf, int(tail_lps), NODE_LPS if tail_lps > 0 else 0
+    lp_keys = LP_KEYS  # the LPs' sizes (keys) in all: about NODE_LPS LPs at N ~ 1,000, a few at 8,192
     left_low = np.zeros(N, dtype=np.bool_)
     while True:
         _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
@@ -387,14 +390,19 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
         if out[0] < 0:
             break
         kz = int(out[0])
-        if nlps > 0:  # first its own bound along an LP direction
+        if nlps > 0 and lp_keys >= N - kz:  # first its own bound along an LP direction
             nlps -= 1
+            lp_keys -= N - kz
             vals[kz] = max(vals[kz], node_bound(A, pw, nrm, kz, s, float(best)))
             fstate[kz] = 1 if vals[kz] >= best else 0
         kt = N
-        if vals[kz] < stop and lps > 0:  # then a tail from kz or below, if it bounds the node better
-            kt, vt, used = choose_tail(A, pw, nrm, kz, k_from, s, float(best), float(vals[kz]), lps)
+        starts = min(lps, lp_keys // (N - kz))
+        if vals[kz] < stop and starts > 0:  # then a tail from kz or below, if it bounds the node better
+            kt, vt, used = choose_tail(A, pw, nrm, kz, k_from, s, float(best), float(vals[kz]), starts)
             lps -= used
+            lp_keys -= used * (N - kz)
+        if lp_keys < N - kz:
+            nlps = lps = 0
         if kt <= kz:  # the tail (all sets of the keys >= kt) replaces the first-level nodes from kt on
             k_tail, v_tail = kt, vt
             vals[kt:] = np.inf
