@@ -34,6 +34,7 @@ REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
 STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls for an LP direction
 LP_KEYS = 24_000  # budget of those LPs per stopped search, in keys (an LP over N - k keys costs N - k)
+LP_MAX_KEYS = 4096  # no LP over more keys (at N ~ 8,192 each took ~2 s and raised no bound; BENCHMARKS.md)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
                 "tail_from")
 
@@ -382,7 +383,7 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     k_tail, v_tail = N, np.inf
     stats[6] = -1
     k_to, cur0, lps, nlps = N, np.inf, int(tail_lps), NODE_LPS if tail_lps > 0 else 0
-    lp_keys = LP_KEYS  # the LPs' sizes (keys) in all: about NODE_LPS LPs at N ~ 1,000, a few at 8,192
+    lp_keys = LP_KEYS  # the LPs' sizes (keys) in all: about NODE_LPS LPs at N ~ 1,000, 6 at 4,096
     left_low = np.zeros(N, dtype=np.bool_)
     while True:
         _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
@@ -390,6 +391,8 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
         if out[0] < 0:
             break
         kz = int(out[0])
+        if N - kz > LP_MAX_KEYS:
+            lp_keys = 0
         if nlps > 0 and lp_keys >= N - kz:  # first its own bound along an LP direction
             nlps -= 1
             lp_keys -= N - kz
