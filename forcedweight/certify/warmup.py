@@ -15,6 +15,7 @@ import numpy as np
 from forcedweight.certify.enumerate import enumerate_best
 from forcedweight.certify.pool import bnb_in_pool, candidate_pool
 from forcedweight.certify.solvers.bnb import root_bound, solve_bnb
+from forcedweight.core import operator as op
 from forcedweight.core.kick_search import KICK_SIZE, kick_search
 from forcedweight.core.swaps import swap_search
 
@@ -38,7 +39,7 @@ def warm_up(force: bool = False) -> bool:
     enumerate_best(p, V, pool[:12], 3)  # the serial scan
     enumerate_best(p, V, pool[:12], 1)
     swap_search(p, V, np.arange(4))
-    A = p[:, None] * (V - p @ V)
+    A = op.centred_contributions(p, V)
     kick_search(A, p, A @ A.T, np.arange(4, dtype=np.int64), 2000.0, KICK_SIZE, 0)
     for s in (1, 4):
         solve_bnb(p, V, s, node_limit=30, time_limit=60.0)  # stopped: open bound

@@ -191,11 +191,12 @@ def _check_pattern(module, attention_mask, wrapped: str, t: int, window: int | N
         raise InputError(f"--model: {_layer_name(module)}: unsupported attention mask ({type(attention_mask).__name__})")
     mask = attention_mask[0]
     what = f"causal with a {window}-token sliding window" if window is not None else "causal"
+    not_causal = InputError(
+        f"--model: {_layer_name(module)}: the attention mask is not {what} "
+        "(chunked, padded or bidirectional attention is not supported)"
+    )
     if mask.shape[-2] != t:
-        raise InputError(
-            f"--model: {_layer_name(module)}: the attention mask is not {what} "
-            "(chunked, padded or bidirectional attention is not supported)"
-        )
+        raise not_causal
     # in blocks of query rows: a few (rows, T) temporaries instead of several (T, T) ones
     k_idx = torch.arange(mask.shape[-1], device=mask.device)[None, :]
     for a in range(0, t, _CHECK_ROWS):
@@ -208,10 +209,7 @@ def _check_pattern(module, attention_mask, wrapped: str, t: int, window: int | N
         if window is not None:
             expected &= k_idx > q_idx - window
         if not torch.equal(visible, expected):
-            raise InputError(
-                f"--model: {_layer_name(module)}: the attention mask is not {what} "
-                "(chunked, padded or bidirectional attention is not supported)"
-            )
+            raise not_causal
 
 
 def capture_attention(

@@ -10,41 +10,32 @@ from forcedweight.dump import capture, hook
 from forcedweight.dump.hook import LayerCapture, _check_pattern
 from forcedweight.errors import InputError
 
-
-class _Module(torch.nn.Module):
-    layer_idx = 5
-    is_causal = True
-
-
-def _causal(t, window=None):
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-    ok = j <= i
-    return ok & (j > i - window) if window is not None else ok
+from tests.dump.masks import attention_module, causal
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 1024])
 def test_blocked_mask_check_accepts_and_refuses_like_the_whole_mask(monkeypatch, rows):
     monkeypatch.setattr(hook, "_CHECK_ROWS", rows)
-    t, mod = 11, _Module()
+    t, mod = 11, attention_module(5)
     neg = torch.finfo(torch.float32).min
-    _check_pattern(mod, _causal(t)[None, None], "sdpa", t, None, "cpu")
-    _check_pattern(mod, torch.zeros(t, t).masked_fill(~_causal(t, 4), neg)[None, None], "eager", t, 4, "cpu")
-    _check_pattern(mod, _causal(t).expand(3, t, t)[None], "sdpa", t, None, "cpu")  # same mask on 3 heads
+    _check_pattern(mod, causal(t)[None, None], "sdpa", t, None, "cpu")
+    _check_pattern(mod, torch.zeros(t, t).masked_fill(~causal(t, 4), neg)[None, None], "eager", t, 4, "cpu")
+    _check_pattern(mod, causal(t).expand(3, t, t)[None], "sdpa", t, None, "cpu")  # same mask on 3 heads
     # one wrong entry, in the last block: refused whatever the block size
-    bad = _causal(t).clone()
+    bad = causal(t).clone()
     bad[t - 1, 0] = False
     with pytest.raises(InputError, match="layer 5 .* not causal"):
         _check_pattern(mod, bad[None, None], "sdpa", t, None, "cpu")
-    heads = _causal(t).expand(2, t, t).clone()
+    heads = causal(t).expand(2, t, t).clone()
     heads[1, t - 1, 1] = False
     with pytest.raises(InputError, match="differs across heads"):
         _check_pattern(mod, heads[None], "sdpa", t, None, "cpu")
-    bias = torch.zeros(t, t).masked_fill(~_causal(t), neg)
+    bias = torch.zeros(t, t).masked_fill(~causal(t), neg)
     bias[t - 1, 2] = -0.5
     with pytest.raises(InputError, match="adds a bias"):
         _check_pattern(mod, bias[None, None], "eager", t, None, "cpu")
     with pytest.raises(InputError, match="not causal"):
-        _check_pattern(mod, _causal(t + 1)[None, None, :t], "sdpa", t + 1, None, "cpu")  # rows != t
+        _check_pattern(mod, causal(t + 1)[None, None, :t], "sdpa", t + 1, None, "cpu")  # rows != t
 
 
 def _capture(seed=0, r=7, t=13, d=3, hkv=2):

@@ -24,6 +24,8 @@ from forcedweight.dump.hook import LayerPlan, Recorder, _check_pattern, run_capt
 from forcedweight.errors import InputError
 from forcedweight.kernels.attention_stats import attention_rows_torch, attention_rows_triton
 
+from tests.dump.masks import attention_module, causal
+
 # Longer than the 12-token window (the byte tokenizer gives one token per byte): 70 tokens.
 TEXT = "Sliding windows, soft caps and sinks: each family attends its own way."
 W = models.TINY_WINDOW
@@ -198,34 +200,23 @@ def test_bidirectional_attention_is_refused(tmp_path):
     assert not list((tmp_path / "d").glob("rows-*.parquet"))
 
 
-class _Module(torch.nn.Module):
-    layer_idx = 3
-    is_causal = True
-
-
-def _causal(t, window=None):
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-    ok = j <= i
-    return ok & (j > i - window) if window is not None else ok
-
-
 def test_mask_pattern_check():
     t = 10
-    mod = _Module()
-    _check_pattern(mod, _causal(t)[None, None], "sdpa", t, None, "cpu")  # causal: accepted
-    _check_pattern(mod, _causal(t, 4)[None, None], "sdpa", t, 4, "cpu")  # causal within the window
+    mod = attention_module(3)
+    _check_pattern(mod, causal(t)[None, None], "sdpa", t, None, "cpu")  # causal: accepted
+    _check_pattern(mod, causal(t, 4)[None, None], "sdpa", t, 4, "cpu")  # causal within the window
     _check_pattern(mod, None, "sdpa", t, 12, "cpu")  # SDPA's is_causal, window longer than the text
     neg = torch.finfo(torch.float32).min
-    additive = torch.zeros(t, t).masked_fill(~_causal(t, 4), neg)[None, None]
+    additive = torch.zeros(t, t).masked_fill(~causal(t, 4), neg)[None, None]
     _check_pattern(mod, additive, "eager", t, 4, "cpu")  # eager's additive mask
     with pytest.raises(InputError, match="layer 3 .* not causal with a 4-token sliding window"):
-        _check_pattern(mod, _causal(t)[None, None], "sdpa", t, 4, "cpu")  # window claimed, mask full
-    chunked = _causal(t) & ((torch.arange(t)[:, None] // 4) == (torch.arange(t)[None, :] // 4))
+        _check_pattern(mod, causal(t)[None, None], "sdpa", t, 4, "cpu")  # window claimed, mask full
+    chunked = causal(t) & ((torch.arange(t)[:, None] // 4) == (torch.arange(t)[None, :] // 4))
     with pytest.raises(InputError, match="not causal"):
         _check_pattern(mod, chunked[None, None], "sdpa", t, None, "cpu")  # chunked attention
     with pytest.raises(InputError, match="adds a bias"):
         bias = additive - 0.5 * torch.arange(t, dtype=torch.float32)[None, :]  # ALiBi-like slope
-        _check_pattern(mod, bias.masked_fill(~_causal(t, 4), neg), "eager", t, 4, "cpu")
+        _check_pattern(mod, bias.masked_fill(~causal(t, 4), neg), "eager", t, 4, "cpu")
     with pytest.raises(InputError, match="no attention mask"):
         _check_pattern(mod, None, "sdpa", t, 4, "cpu")  # a window shorter than the text needs a mask
     with pytest.raises(InputError, match="no attention mask"):

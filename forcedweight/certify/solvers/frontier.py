@@ -367,10 +367,11 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     ``STOP_BELOW * best`` (on spread rows: a node the quick tests cannot bound), it is bounded
     along a direction from a linear program (``lp_bound.node_bound``, at most ``NODE_LPS`` per
     search, and LPs over ``LP_KEYS`` keys in all, tails included; deterministic); if still low,
-    the sets of all the keys from a start at or above it are covered instead
-    by one tail node bounded by a linear program (``lp_bound.choose_tail``; at most ``tail_lps`` tail starts in all, 0 = off;
-    ``stats[6]`` = the tail's first key, -1 for none), and the pass goes on below the tail, moving
-    the tail's start down again at the next such node. Then the open frontier
+    the sets of all the keys from a start at or above it are covered instead by one tail node
+    bounded by a linear program (``lp_bound.choose_tail``; at most ``tail_lps`` tail starts in all;
+    ``tail_lps = 0`` turns off the node LPs too; ``stats[6]`` = the tail's first key, -1 for
+    none), and the pass goes on below the tail, moving the tail's start down again at the next
+    such node. Then the open frontier
     (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``).
     """
     N = A.shape[0]

@@ -57,39 +57,34 @@ def lp_direction(A, pw, k: int, r: int, lam: float, yT=None, wT: float = 0.0):
     return np.ascontiguousarray(res.x[:d])
 
 
-def node_bound(A, pw, nrm, k: int, s: int, top: float) -> float:
-    """A proved lower bound in ``[0, top]`` on E over the first-level node ``{k}`` (key k and
-    ``s - 1`` more among ``k + 1..N-1``), along LP directions (two Dinkelbach rounds)."""
-    N, d = A.shape
-    if N - k - 1 < s - 1 or not top > 0.0:
-        return 0.0
-    yT = np.ascontiguousarray(A[k])
+def _along_lp(A, pw, nrm, yT, wT: float, k: int, r: int, top: float) -> float:
+    """The largest proved ``lam`` in ``[0, top]`` of the node (fixed sum ``yT`` or None for T empty,
+    mass ``wT``; r more keys among ``k..N-1``) along LP directions, ``ROUNDS`` Dinkelbach rounds."""
+    y = np.zeros(A.shape[1]) if yT is None else yT
     lam = 0.0
     for _ in range(ROUNDS):
-        u = lp_direction(A, pw, k + 1, s - 1, lam, yT, float(pw[k]))
+        u = lp_direction(A, pw, k, r, lam, yT, wT)
         if u is None:
             break
-        lam = max(lam, float(_bound_along(u, yT, float(pw[k]), A, pw, nrm, k + 1, s - 1, top)))
+        lam = max(lam, float(_bound_along(u, y, wT, A, pw, nrm, k, r, top)))
         if not lam < top:
             break
     return lam
+
+
+def node_bound(A, pw, nrm, k: int, s: int, top: float) -> float:
+    """A proved lower bound in ``[0, top]`` on E over the first-level node ``{k}`` (key k and
+    ``s - 1`` more among ``k + 1..N-1``), along LP directions."""
+    if A.shape[0] - k - 1 < s - 1 or not top > 0.0:
+        return 0.0
+    return _along_lp(A, pw, nrm, np.ascontiguousarray(A[k]), float(pw[k]), k + 1, s - 1, top)
 
 
 def tail_bound(A, pw, nrm, k: int, s: int, top: float) -> float:
     """A proved lower bound in ``[0, top]`` on E over every s-subset of the keys ``k..N-1``."""
-    N, d = A.shape
-    if N - k < s or not top > 0.0:
+    if A.shape[0] - k < s or not top > 0.0:
         return 0.0
-    zero = np.zeros(d)
-    lam = 0.0
-    for _ in range(ROUNDS):
-        u = lp_direction(A, pw, k, s, lam)
-        if u is None:
-            break
-        lam = max(lam, float(_bound_along(u, zero, 0.0, A, pw, nrm, k, s, top)))
-        if not lam < top:
-            break
-    return lam
+    return _along_lp(A, pw, nrm, None, 0.0, k, s, top)
 
 
 def choose_tail(A, pw, nrm, kz: int, k_from: int, s: int, top: float, floor: float, max_lps: int = TAIL_LPS):
