@@ -28,7 +28,7 @@ from numba import njit
 
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.lp_bound import NODE_LPS, TAIL_LPS, choose_tail, node_bound
-from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA
+from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA, suffix_max
 
 REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
@@ -99,11 +99,11 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
     ws1 = np.zeros(2)
     bs1 = np.zeros(2)
     cs1 = np.zeros((2, N))
-    g = np.empty(N)
     buf = np.empty(s)
     bidx = np.zeros(s, np.int64)
-    yv = np.empty(d)
-    gv = np.empty(d)
+    mx = suffix_max(nrm)
+    zs = np.zeros(NREF * s, np.int64)
+    zc = np.zeros(NREF * s)
     h = np.zeros(N)
     cur = min(top, cur0)
     work = 0.0
@@ -122,7 +122,7 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
         for kk in range(k + 1, N):
             cs1[1, kk] = G[k, kk]
         v = _node_value(1, k + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
-                        gamma, g, buf, bidx, yv, gv, h, iters)
+                        gamma, mx, buf, bidx, h, zs, zc, iters)
         work += (N - k) * (iters + 1 if v < cur else 1)
         if v < cur and relax_iters > 0:
             v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur,
@@ -154,11 +154,11 @@ def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m,
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
-    g = np.empty(N)
     buf = np.empty(s)
     bidx = np.zeros(s, np.int64)
-    yv = np.empty(d)
-    gv = np.empty(d)
+    mx = suffix_max(nrm)
+    zs = np.zeros(NREF * s, np.int64)
+    zc = np.zeros(NREF * s)
     h = np.zeros(N)
     rq = min(RELAX_QUICK, relax_iters)
     spent = 0.0
@@ -176,8 +176,8 @@ def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m,
         _level(A, pw, nrm, G, keys[i], t, ys, ws, bs, cs)
         if state[i] == 0:
             # (1) its own full bound
-            v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g,
-                            buf, bidx, yv, gv, h, iters)
+            v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
+                            buf, bidx, h, zs, zc, iters)
             spent += (N - k) * (iters + 1) + N * t
             if v < top and relax_iters > 0 and N - k >= s - t:
                 ri = min(relax_iters, POP_RELAX)
@@ -221,10 +221,10 @@ def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m,
             stats[2] += 1
             # dropped when proved at top (one test); otherwise bounded, capped at the running minimum
             if not _node_lb_ok(t + 1, j + 1, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top,
-                               gamma, g, buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+                               gamma, mx, buf, bidx, h, zs, zc, NREF, THETA, DECAY):
                 continue
             v = _node_value(t + 1, j + 1, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, cur,
-                            gamma, g, buf, bidx, yv, gv, h, iters)
+                            gamma, mx, buf, bidx, h, zs, zc, iters)
             spent += (N - j) * (iters + 1 if v < cur else 1)
             if v < cur and rq > 0:
                 v = max(v, relax_bound(ys[t + 1], ws[t + 1], A, pw, nrm, j + 1, s - t - 1, cur, rq, 0))
@@ -320,11 +320,11 @@ def _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, b
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
     if t_cur > 0:
-        g = np.empty(N)
         buf = np.empty(s)
         bidx = np.zeros(s, np.int64)
-        yv = np.empty(d)
-        gv = np.empty(d)
+        mx = suffix_max(nrm)
+        zs = np.zeros(NREF * s, np.int64)
+        zc = np.zeros(NREF * s)
         h = np.zeros(N)
         # the first-level node {idx[0]} holds every deeper open node
         ys1 = np.zeros((2, d))
@@ -339,13 +339,13 @@ def _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, b
         for kk in range(k0 + 1, N):
             cs1[1, kk] = G[k0, kk]
         first = _node_value(1, k0 + 1, s, A, pw, cum, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
-                            gamma, g, buf, bidx, yv, gv, h, iters)
+                            gamma, mx, buf, bidx, h, zs, zc, iters)
         if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
             first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
         for t in range(1, t_cur + 1):
             k = idx[t] + (1 if t < t_cur else 0)
-            v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, g,
-                            buf, bidx, yv, gv, h, iters)
+            v = _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, mx,
+                            buf, bidx, h, zs, zc, iters)
             if v < best and relax_iters > 0 and N - k >= s - t:
                 v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, relax_iters))
             v = max(v, first)

@@ -8,7 +8,7 @@ chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can have
 Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
 ``cum`` (N + 1,) their prefix sums, ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix,
 ``lo``/``hi`` box tables, ``ys`` (levels, d), ``ws``/``bs`` (levels,), ``cs`` (levels, N)
-(``cs[t, j] = <y_T, a_j>`` from Gram rows), scratch ``g``, ``buf``, ``bidx``, ``yv``, ``gv``, ``h``.
+(``cs[t, j] = <y_T, a_j>`` from Gram rows), ``mx`` (N + 1,) suffix maxima of ``nrm``; scratch ``buf``, ``bidx``, ``h``, ``zs``, ``zc``.
 """
 
 from __future__ import annotations
@@ -69,25 +69,40 @@ def _box_tables(A, s, lo, hi):
                 hi[j, r, q] = acc_hi
 
 
+SAFE = 1e-6  # relative margin of the early-stop bounds (far above any float64 rounding here)
+
+
 @njit(cache=True)
-def _r_smallest_sum(vals, start, r, buf, bidx):
-    """Sum of the r smallest of vals[start:] (r <= len); their indices go to bidx[:r]."""
-    n = 0
-    for k in range(start, vals.shape[0]):
-        x = vals[k]
-        if n < r:
-            pos = n
-            n += 1
-        elif x < buf[r - 1]:
-            pos = r - 1
-        else:
-            continue
-        while pos > 0 and buf[pos - 1] > x:
-            buf[pos] = buf[pos - 1]
-            bidx[pos] = bidx[pos - 1]
-            pos -= 1
-        buf[pos] = x
-        bidx[pos] = k
+def suffix_max(nrm):
+    """(N + 1,) array: ``mx[j] = max(nrm[j:])`` (``mx[N] = 0``), the early-stop bound of a scan."""
+    N = nrm.shape[0]
+    mx = np.zeros(N + 1)
+    for j in range(N - 1, -1, -1):
+        mx[j] = max(mx[j + 1], nrm[j])
+    return mx
+
+
+@njit(cache=True)
+def _insert(x, kk, n, r, buf, bidx):
+    """Insert value x (key kk) into the ascending list buf[:n] of the r smallest; returns the new n."""
+    if n < r:
+        pos = n
+        n += 1
+    elif x < buf[r - 1]:
+        pos = r - 1
+    else:
+        return n
+    while pos > 0 and buf[pos - 1] > x:
+        buf[pos] = buf[pos - 1]
+        bidx[pos] = bidx[pos - 1]
+        pos -= 1
+    buf[pos] = x
+    bidx[pos] = kk
+    return n
+
+
+@njit(cache=True)
+def _sum_r(buf, r):
     acc = 0.0
     for i in range(r):
         acc += buf[i]
@@ -95,9 +110,28 @@ def _r_smallest_sum(vals, start, r, buf, bidx):
 
 
 @njit(cache=True)
-def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, g, buf,
-                bidx, yv, gv, h, nref, theta, decay):
-    """True when node (T = level t, next key k) may contain a set with E < lam."""
+def _h_at(kk, G, zs, zc, nzl):
+    """h[kk] = sum_j zc[j] G[zs[j], kk], summed in list order (as the steps would have added it)."""
+    acc = 0.0
+    for j in range(nzl):
+        acc += zc[j] * G[zs[j], kk]
+    return acc
+
+
+@njit(cache=True)
+def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, buf,
+                bidx, h, zs, zc, nref, theta, decay):
+    """True when node (T = level t, next key k) may contain a set with E < lam.
+
+    The r smallest of ``g_kk = <a_kk, u> - lam p_kk`` over R are found by a scan in mass order that
+    stops at the first kk where ``buf[r - 1] <= -(c mx[kk] + lam p_kk)`` (``mx = suffix_max(nrm)``,
+    ``c`` >= 1 + the relative error of ``<a_kk, u>``): no later key can enter, since
+    ``g >= -||a|| - lam p`` and the masses descend. The sum and the keys found are those of the
+    full scan, so the test (and the search) is unchanged; on long rows, where most keys are light,
+    a scan reads a small share of R. Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc``
+    (nref * s,) (the supergradient steps' keys and coefficients, so ``h`` is filled only as far
+    as a scan reads).
+    """
     N, d = A.shape
     r = s - t
     if N - k < r:
@@ -125,15 +159,23 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
         ny = np.sqrt(ny2)
         if ny > 0.0:
             err = gamma * bs[t] / ny
+            c = 1.0 + 2.0 * err + SAFE
+            lp = lam * (1.0 + SAFE)
+            n = 0
+            hv = k  # h (the steps' sums, 0 before the first) is filled on [k, hv)
             for kk in range(k, N):
-                g[kk] = (cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk]
-            tot = ny - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+                if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
+                    break
+                n = _insert((cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk], kk, n, r, buf, bidx)
+                h[kk] = 0.0
+                hv = kk + 1
+            tot = ny - lam * ws[t] + _sum_r(buf, r)
             if tot >= 0.0:
                 return False
             # supergradient ascent on u: the test value is concave in u and its supergradient at u
             # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
             # v = alpha y_T + sum_j c_j a_{z_j}, and h[kk] = sum_j c_j <a_{z_j}, a_kk> (from the
-            # Gram matrix) is accumulated step by step, so a step costs r |R| + r^2, with no
+            # Gram matrix) is accumulated step by step, so a step costs r (keys read) + r^2, with no
             # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
             # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
             # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
@@ -143,8 +185,6 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
             alpha = 1.0 / ny
             vv = ny2 * alpha * alpha
             vy = ny2 * alpha
-            for kk in range(k, N):
-                h[kk] = 0.0
             bz = alpha * bs[t]
             nz = 0
             for step in range(nref):
@@ -168,8 +208,10 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
                 for i in range(r):
                     z = bidx[i]
                     bz += eta * nrm[z]
-                    for kk in range(k, N):
+                    for kk in range(k, hv):
                         h[kk] += eta * G[z, kk]
+                    zs[nz + i] = z
+                    zc[nz + i] = eta
                 nz += r
                 kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
                 nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
@@ -177,32 +219,40 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
                     break
                 dot = vy - kap2 * bz * bs[t]
                 err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
+                c = 1.0 + 2.0 * err + SAFE
+                n = 0
                 for kk in range(k, N):
-                    g[kk] = ((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]
-                tot = dot / nv - lam * ws[t] + _r_smallest_sum(g, k, r, buf, bidx)
+                    if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
+                        break
+                    if kk >= hv:
+                        h[kk] = _h_at(kk, G, zs, zc, nz)
+                        hv = kk + 1
+                    n = _insert(((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk],
+                                kk, n, r, buf, bidx)
+                tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
                 if tot >= 0.0:
                     return False
     return True
 
 
 @njit(cache=True)
-def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g, buf,
-                bidx, yv, gv, h, iters):
+def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, buf,
+                bidx, h, zs, zc, iters):
     """A proved lower bound on E over node (level t, next key k), capped at ``top``.
 
     ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
     on a bisection of ``[0, top]`` (``iters`` halvings) is returned (``top`` itself when proved
     there, 0 when nothing is).
     """
-    if not _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, g,
-                       buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+    if not _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
+                       buf, bidx, h, zs, zc, NREF, THETA, DECAY):
         return top
     lo_l = 0.0
     hi_l = top
     for _ in range(iters):
         mid = 0.5 * (lo_l + hi_l)
-        if _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, g,
-                       buf, bidx, yv, gv, h, NREF, THETA, DECAY):
+        if _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, mx,
+                       buf, bidx, h, zs, zc, NREF, THETA, DECAY):
             hi_l = mid
         else:
             lo_l = mid

@@ -1,0 +1,126 @@
+"""The projection test's early-stopped scans (``node_tests._node_lb_ok``) against a full NumPy scan.
+
+The Numba test stops reading the keys once no later one can enter the r smallest and fills the
+supergradient sums ``h`` only as far as it reads. The reference below computes every quantity over
+all of R, in the same floating-point order, so the two must agree bit for bit: the verdict and the
+r smallest (values and keys) of the last scan.
+"""
+
+import numpy as np
+import pytest
+
+from forcedweight.certify.solvers import bnb
+from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA, _EPS, _node_lb_ok, suffix_max
+from forcedweight.core import operator as op
+
+
+def _reference(t, k, s, pw, cum, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
+    """Verdict and last r smallest of the mass and projection tests, every key of R read."""
+    N = pw.shape[0]
+    r = s - t
+    if N - k < r or ws[t] + (cum[min(N, k + r)] - cum[k]) <= 0.0:
+        return False, None
+    ny2 = 0.0
+    for q in range(ys.shape[1]):
+        ny2 += ys[t, q] * ys[t, q]
+    ny = np.sqrt(ny2)
+    if t == 0 or not ny > 0.0:
+        return True, None
+
+    def smallest(g):
+        z = k + np.argsort(g[k:], kind="stable")[:r]  # ties to the lower key, as the insertion does
+        acc = 0.0
+        for x in g[z]:
+            acc += x
+        return z, acc
+
+    err = gamma * bs[t] / ny
+    g = np.full(N, np.nan)
+    g[k:] = (cs[t, k:] / ny - err * nrm[k:]) - lam * pw[k:]
+    z, acc = smallest(g)
+    if ny - lam * ws[t] + acc >= 0.0:
+        return False, (g[z], z)
+    alpha, nz = 1.0 / ny, 0
+    vv = ny2 * alpha * alpha
+    vy = ny2 * alpha
+    bz = alpha * bs[t]
+    h = np.zeros(N)
+    for step in range(nref):
+        vg, yg, gg = vy, ny2, ny2
+        for zi in z:
+            vg += alpha * cs[t, zi] + h[zi]
+            yg += cs[t, zi]
+            gg += 2.0 * cs[t, zi]
+            for z2 in z:
+                gg += G[zi, z2]
+        if not gg > 0.0:
+            break
+        eta = THETA / ((step + 1.0) ** DECAY * np.sqrt(gg))
+        vv += 2.0 * eta * vg + eta * eta * gg
+        vy += eta * yg
+        alpha += eta
+        bz += eta * bs[t]
+        for zi in z:
+            bz += eta * nrm[zi]
+            h[k:] += eta * G[zi, k:]
+        nz += r
+        kap2 = 4.0 * (ys.shape[1] + nz + 2 * s + 8) * _EPS
+        nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
+        if not nv > 0.0:
+            break
+        dot = vy - kap2 * bz * bs[t]
+        err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
+        g[k:] = ((alpha * cs[t, k:] + h[k:]) / nv - err * nrm[k:]) - lam * pw[k:]
+        z, acc = smallest(g)
+        if dot / nv - lam * ws[t] + acc >= 0.0:
+            return False, (g[z], z)
+    return True, (g[z], z)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_early_stopped_scans_equal_the_full_scan(seed):
+    """Heavy-tailed masses (most keys light, as on long real rows): the scans stop early (the
+    untouched tail of h shows it), and verdicts and r smallest equal the full reference exactly."""
+    rng = np.random.default_rng(seed)
+    N, d, s = 400, 6, 6
+    p = np.exp(3.0 * rng.normal(size=N))
+    p /= p.sum()
+    V = rng.normal(size=(N, d))
+    A, pw, nrm, G, lo, hi, _, _, gamma, cum = bnb._prepared(op.centred_contributions(p, V), p,
+                                                          op.rank_order(p), s)
+    mx = suffix_max(nrm)
+    stopped = compared = 0
+    for trial in range(60):
+        t = int(rng.integers(1, s))
+        T = np.sort(rng.choice(40, size=t, replace=False))
+        k = int(rng.integers(T[-1] + 1, 60))
+        ys = np.zeros((s + 1, d))
+        ws, bs, cs = np.zeros(s + 1), np.zeros(s + 1), np.zeros((s + 1, N))
+        for j in T:  # level t in the search's order of sums
+            ys[t] += A[j]
+            ws[t] += pw[j]
+            bs[t] += nrm[j]
+            cs[t] += G[j]
+        e_T = np.linalg.norm(ys[t]) / ws[t]
+        lam = e_T * rng.choice([0.05, 0.3, 0.8, 1.5])
+        nref = int(rng.choice([0, 1, NREF]))
+        buf, bidx = np.full(s, np.nan), np.zeros(s, np.int64)
+        h = np.full(N, np.nan)
+        zs, zc = np.zeros(NREF * s, np.int64), np.zeros(NREF * s)
+        ok = _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, False, lam, gamma, mx, buf,
+                         bidx, h, zs, zc, nref, THETA, DECAY)
+        ref_ok, last = _reference(t, k, s, pw, cum, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
+        assert ok == ref_ok
+        if last is not None:
+            r = s - t
+            np.testing.assert_array_equal(buf[:r], last[0])  # bit for bit
+            np.testing.assert_array_equal(bidx[:r], last[1])
+            compared += 1
+        stopped += bool(np.isnan(h[k:]).any())
+    assert compared >= 30
+    assert stopped >= 10  # the early stop happened (h left untouched beyond the last key read)
+
+
+def test_suffix_max():
+    nrm = np.array([3.0, 1.0, 2.0, 0.5])
+    np.testing.assert_array_equal(suffix_max(nrm), [3.0, 2.0, 2.0, 0.5, 0.0])
