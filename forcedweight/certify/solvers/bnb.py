@@ -17,7 +17,8 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   with the mass folded into the same sum, hence never weaker than dividing by ``w_max``.
   The test is valid for *any* unit vector u, and its value is concave in u with supergradient
   ``y_T + sum_Z a_z`` (Z the minimising completion). When it fails, up to ``NREF = 8``
-  supergradient steps (lengths THETA / sqrt(j)) improve u; u stays a combination of ``y_T`` and
+  (``NREF_LONG = 16`` on rows of ``LONG_ROWS = 2,048`` keys or more) supergradient steps
+  (lengths THETA / sqrt(j)) improve u; u stays a combination of ``y_T`` and
   the ``a_z`` met so far, ``sum_z c_z <a_z, a_k>`` is accumulated from Gram rows step by step and
   ``||v||``, ``<v, y_T>`` come from Gram entries with a rounding margin (a step costs
   r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
@@ -50,8 +51,8 @@ from forcedweight.core.kick_search import KICK_AFTER, KICK_SIZE, KICK_WORK, kick
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
-from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, NREF, SAFE, THETA, _box_tables, _node_lb_ok,
-                                                     suffix_max)
+from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
+                                                     _box_tables, _node_lb_ok, suffix_max)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
@@ -213,6 +214,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
+    nref = NREF_LONG if N >= LONG_ROWS else NREF
     budget = 256
     deadline = t0 + time_limit
     kick_at = KICK_AFTER if polish and kick_work > 0 else -1  # node count of the kick search
@@ -234,7 +236,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             kick_at = -1
         tb = time.perf_counter()
         _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-                idx, state, ys, ws, bs, cs, best, bestset, budget, NREF, THETA, DECAY)
+                idx, state, ys, ws, bs, cs, best, bestset, budget, nref, THETA, DECAY)
         now = time.perf_counter()
         if state[1] or now >= deadline or (node_limit is not None and state[2] >= node_limit):
             break
