@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from forcedweight.certify.solvers.node_tests import _insert
+
 _EPS = float(np.finfo(np.float64).eps)
 RELAX_ITERS = 150  # FISTA steps per node (measured on real SmolLM2 rows, BENCHMARKS.md issue 15)
 RELAX_QUICK = 20  # steps of the first, cheap try (bnb._relaxed)
@@ -127,23 +129,12 @@ def _direction(yT, A, pw, k, r, iters, mu, x):
 
 
 @njit(cache=True)
-def _test_value(lam, LT, wT, lj, pw, k, r, buf):
+def _test_value(lam, LT, wT, lj, pw, k, r, buf, bidx):
     """LT - lam wT + (sum of the r smallest lj - lam pw over rows >= k), with a rounding margin."""
     N = pw.shape[0]
     n = 0
     for j in range(k, N):
-        x = lj[j] - lam * pw[j]
-        if n < r:
-            pos = n
-            n += 1
-        elif x < buf[r - 1]:
-            pos = r - 1
-        else:
-            continue
-        while pos > 0 and buf[pos - 1] > x:
-            buf[pos] = buf[pos - 1]
-            pos -= 1
-        buf[pos] = x
+        n = _insert(lj[j] - lam * pw[j], j, n, r, buf, bidx)
     acc = LT - lam * wT
     mag = abs(LT) + lam * wT
     for i in range(r):
@@ -214,15 +205,16 @@ def _bound_along(u, yT, wT, A, pw, nrm, k, r, top):
     # the lower ends are divided by an upper end of ||u||: <u, y_S> / ||u|| <= ||y_S|| holds only
     # for <u, y_S> >= 0, which is all the test needs (it asserts lam p(S) <= <u, y_S> / nu).
     buf = np.empty(r)
-    if _test_value(top, LT, wT, lj, pw, k, r, buf) >= 0.0:
+    bidx = np.zeros(r, np.int64)
+    if _test_value(top, LT, wT, lj, pw, k, r, buf, bidx) >= 0.0:
         return top
-    if not _test_value(0.0, LT, wT, lj, pw, k, r, buf) >= 0.0:
+    if not _test_value(0.0, LT, wT, lj, pw, k, r, buf, bidx) >= 0.0:
         return 0.0
     lo = 0.0
     hi = top
     for _ in range(LAM_ITERS):
         mid = 0.5 * (lo + hi)
-        if _test_value(mid, LT, wT, lj, pw, k, r, buf) >= 0.0:
+        if _test_value(mid, LT, wT, lj, pw, k, r, buf, bidx) >= 0.0:
             lo = mid
         else:
             hi = mid
