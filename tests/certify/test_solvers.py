@@ -172,3 +172,17 @@ def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch
         assert runs[0].info["nodes"] == runs[1].info["nodes"] == 300 or runs[0].proved
         assert np.array_equal(runs[0].best_set, runs[1].best_set)
         assert runs[0].lower_bound == runs[1].lower_bound and runs[0].value == runs[1].value
+
+
+def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypatch):
+    # peaked masses (most keys light): the scans and the leaves stop early at most nodes; with the
+    # long-row step count forced on (LONG_ROWS = 10) as well as off, bnb matches the brute force
+    import forcedweight.certify.solvers.bnb as bnb
+
+    for long_from in (bnb.LONG_ROWS, 10):
+        monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
+        for seed in range(4):
+            p, V = synthetic_row(40, 3.0, seed, d=4)
+            for s in (2, 3, 4):
+                ref, _ = brute_force_best(p, V, s)
+                check_result(solve_bnb(p, V, s, time_limit=60), p, V, s, ref, 2 * REL_TOL)
