@@ -52,7 +52,7 @@ from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
 from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
-                                                     _box_tables, _node_lb_ok, suffix_max)
+                                                     _box_tables, _node_lb_ok, node_scratch)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
@@ -66,12 +66,7 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
             idx, state, ys, ws, bs, cs, best, bestset, budget, nref, theta, decay):
     """Resumable DFS. state = [t, done, nodes, leaves]; best = [E_best]. Returns after budget."""
     N, d = A.shape
-    buf = np.empty(s)
-    bidx = np.zeros(s, np.int64)
-    zs = np.zeros(nref * s, np.int64)
-    zc = np.zeros(nref * s)
-    h = np.zeros(N)
-    mx = suffix_max(nrm)
+    mx, buf, bidx, h, zs, zc = node_scratch(nrm, s, nref)
     t = state[0]
     nodes = 0
     while nodes < budget:

@@ -25,9 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from forcedweight.certify.solvers.node_tests import _insert
+from forcedweight.certify.solvers.node_tests import _EPS, _insert
 
-_EPS = float(np.finfo(np.float64).eps)
 RELAX_ITERS = 150  # FISTA steps per node (measured on real SmolLM2 rows, BENCHMARKS.md issue 15)
 RELAX_QUICK = 20  # steps of the first, cheap try (bnb._relaxed)
 LAM_ITERS = 40  # bisection steps on lam

@@ -85,6 +85,15 @@ def suffix_max(nrm):
 
 
 @njit(cache=True)
+def node_scratch(nrm, s, nref):
+    """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``nref`` steps:
+    ``(mx, buf, bidx, h, zs, zc)`` (``mx = suffix_max(nrm)``, the rest scratch)."""
+    N = nrm.shape[0]
+    return (suffix_max(nrm), np.empty(s), np.zeros(s, np.int64), np.zeros(N), np.zeros(nref * s, np.int64),
+            np.zeros(nref * s))
+
+
+@njit(cache=True)
 def _insert(x, kk, n, r, buf, bidx):
     """Insert value x (key kk) into the ascending list buf[:n] of the r smallest; returns the new n."""
     if n < r:
