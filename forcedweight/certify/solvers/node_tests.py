@@ -19,7 +19,7 @@ from numba import njit
 _EPS = float(np.finfo(np.float64).eps)
 NREF = 8  # supergradient steps on the direction u per node (projection test)
 NREF_LONG = 16  # ... in the search on rows of LONG_ROWS keys or more, where early-stopped scans are cheap
-LONG_ROWS = 2048  # (N ~ 4,096: 16 steps proved rows 1.1-2.5x faster than 8, 32 no faster; N <= 1,024: 8 as fast)
+LONG_ROWS = 2048  # (N ~ 4,096: 16 steps proved 6 rows a median 1.4x faster than 8 (0.96-2.5x), 32 no faster; N <= 1,024: 8 as fast)
 THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
 DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
 
