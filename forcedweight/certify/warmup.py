@@ -5,7 +5,7 @@ A time limit is wall-clock: Numba's first compile inside the first row would cou
 ``warm_up()`` runs each kernel once on a tiny fixed row, once per process (the in-process run,
 each worker process, each Dask worker): pool enumeration (serial and parallel scans, rescans),
 the branch and bound (search, open bound, first-level bound, pool-restricted form), the
-1-swap search and the kick search. Nothing it computes is kept.
+1-swap search, the kick search and its random restarts. Nothing it computes is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from forcedweight.certify.enumerate import enumerate_best
 from forcedweight.certify.pool import bnb_in_pool, candidate_pool
 from forcedweight.certify.solvers.bnb import root_bound, solve_bnb
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import KICK_SIZE, kick_search
+from forcedweight.core.kick_search import KICK_SIZE, kick_search, multistart_search
 from forcedweight.core.swaps import swap_search
 
 _DONE = False
@@ -41,6 +41,7 @@ def warm_up(force: bool = False) -> bool:
     swap_search(p, V, np.arange(4))
     A = op.centred_contributions(p, V)
     kick_search(A, p, A @ A.T, np.arange(4, dtype=np.int64), 2000.0, KICK_SIZE, 0)
+    multistart_search(A, p, A @ A.T, 4, 2000.0, 0)
     for s in (1, 4):
         solve_bnb(p, V, s, node_limit=30, time_limit=60.0)  # stopped: open bound
     solve_bnb(p[:10], V[:10], 3, time_limit=60.0)  # proved

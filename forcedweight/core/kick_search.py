@@ -1,10 +1,14 @@
-"""Iterated 1-swap search with random kicks: a better incumbent for the exact solvers (issue 15).
+"""Iterated 1-swap search with random kicks and random restarts: a better incumbent for the
+exact solvers (issue 15).
 
 The 1-swap search (``core.swaps.swap_search``) stops at the first set no single swap improves.
 On rows whose attention is spread over hundreds of keys that local minimum is often far from the
-best set (a branch and bound then spends most of its nodes under a loose incumbent). Here, from
-the best set found so far, ``kick`` kept keys are replaced by random others and the 1-swap descent
-is run again; the result replaces the best when it is lower. Deterministic for a seed.
+best set (a branch and bound then spends most of its nodes under a loose incumbent). Two ways out,
+both deterministic for a seed: ``kick_search``, from the best set found so far, replaces ``kick``
+kept keys by random others and runs the 1-swap descent again, keeping the result when it is lower;
+``multistart_search`` runs the descent from random s-sets of all keys (uniformly drawn) and keeps
+the best local minimum. On real spread rows the best sets are light keys far from the top-mass
+region the pool and the kicks start from, and the restarts find them (BENCHMARKS.md, issue 15).
 
 With ``a_i = p_i (v_i - mu)``, ``y = sum_S a_i``, ``w = p(S)`` and ``c_j = <y, a_j>`` (from the
 Gram matrix ``G``), swapping kept ``i`` for ``j`` gives
@@ -138,4 +142,50 @@ def kick_search(A, pw, G, start, work, kick, seed):
     return np.sort(best)
 
 
-__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "kick_search"]
+@njit(cache=True)
+def multistart_search(A, pw, G, s, work, seed):
+    """The best local minimum of 1-swap descents from random s-sets, within ``work``.
+
+    Parameters
+    ----------
+    A : (N, d) float64 contributions; pw : (N,) float64 masses; G : (N, N) float64 ``A A^T``.
+    s : kept-set size, 1 <= s < N.
+    work : budget in pair evaluations (one scan of the swap neighbourhood costs s N); at least one
+        start is descended, and a descent is cut where the budget ends.
+    seed : int, the random stream (``np.random.seed`` inside Numba).
+
+    Returns
+    -------
+    (s,) int64 sorted indices (the start with the lowest directly computed E).
+    """
+    N = pw.shape[0]
+    np.random.seed(seed)
+    in_set = np.zeros(N, np.bool_)
+    c = np.empty(N)
+    best = np.zeros(s, np.int64)
+    e_best = np.inf
+    cur = np.zeros(s, np.int64)
+    spent = 0.0
+    first = True
+    while True:
+        for i in range(N):
+            in_set[i] = False
+        a = 0
+        while a < s:
+            j = np.random.randint(0, N)
+            if not in_set[j]:
+                in_set[j] = True
+                cur[a] = j
+                a += 1
+        spent += _descend(A, pw, G, cur, in_set, c, max(work - spent, 1.0)) + N
+        e = _value(A, pw, cur)
+        if first or e < e_best:
+            e_best = e
+            best[:] = cur
+            first = False
+        if spent >= work:
+            break
+    return np.sort(best)
+
+
+__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "kick_search", "multistart_search"]

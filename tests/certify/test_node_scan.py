@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from forcedweight.certify.solvers import bnb
-from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA, _EPS, _node_lb_ok, suffix_max
+from forcedweight.certify.solvers.node_tests import DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, suffix_max
 from forcedweight.core import operator as op
 
 
@@ -107,8 +107,8 @@ def test_early_stopped_scans_equal_the_full_scan(seed):
         buf, bidx = np.full(s, np.nan), np.zeros(s, np.int64)
         h = np.full(N, np.nan)
         zs, zc = np.zeros(NREF * s, np.int64), np.zeros(NREF * s)
-        ok = _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, False, lam, gamma, mx, buf,
-                         bidx, h, zs, zc, nref, THETA, DECAY)
+        ok = _node_lb_ok(t, np.arange(N), k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, False, lam, gamma, mx,
+                         buf, bidx, h, zs, zc, nref, THETA, DECAY, np.zeros(DIRN))
         ref_ok, last = _reference(t, k, s, pw, cum, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
         assert ok == ref_ok
         if last is not None:

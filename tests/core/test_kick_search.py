@@ -56,3 +56,24 @@ def test_reaches_the_brute_force_optimum_on_small_rows(seed):
     out = kick_search(A, pw, G, op.top_mass_set(p, s).astype(np.int64), 2e5, 2, 0)
     # same optimum up to the rounding of the two ways of summing (relative 1e-12)
     assert op.forced_error(p, V, out) <= best * (1 + 1e-12)
+
+
+def test_multistart_valid_deterministic_and_reaches_small_optima():
+    from forcedweight.core.kick_search import multistart_search
+
+    p, V = _row(300, 16, 3, sigma=0.5)
+    A, pw, G = _arrays(p, V)
+    a = multistart_search(A, pw, G, 8, 3e6, 5)
+    b = multistart_search(A, pw, G, 8, 3e6, 5)
+    assert np.array_equal(a, b) and a.shape == (8,) and np.unique(a).size == 8
+    assert a.min() >= 0 and a.max() < 300
+    # every start is descended to a 1-swap local minimum: no single swap improves the result
+    local, swaps = swap_search(p, V, a)
+    assert op.forced_error(p, V, local) >= op.forced_error(p, V, a) * (1 - 1e-9)
+    for seed in range(6):
+        n, s = 14, 5
+        p, V = _row(n, 3, 200 + seed)
+        A, pw, G = _arrays(p, V)
+        best = min(op.forced_error(p, V, np.array(S)) for S in combinations(range(n), s))
+        out = multistart_search(A, pw, G, s, 2e5, 0)
+        assert op.forced_error(p, V, out) <= best * (1 + 1e-12)

@@ -47,12 +47,12 @@ import numpy as np
 from numba import njit
 
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import KICK_AFTER, KICK_SIZE, KICK_WORK, kick_search
+from forcedweight.core.kick_search import KICK_AFTER, KICK_SIZE, KICK_WORK, kick_search, multistart_search
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
 from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
-                                                     _box_tables, _node_lb_ok, node_scratch)
+                                                     _box_tables, _exclude, _node_lb_ok, node_scratch)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
@@ -62,28 +62,32 @@ BOUND_ITERS = 30  # bisection steps of an open node's bound (relative precision 
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
 @njit(cache=True)
-def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-            idx, state, ys, ws, bs, cs, best, bestset, budget, nref, theta, decay):
-    """Resumable DFS. state = [t, done, nodes, leaves]; best = [E_best]. Returns after budget."""
+def _search(A, pw, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs, cs,
+            best, bestset, budget, nref, theta, decay, exclude):
+    """Resumable DFS over candidate lists. Level t's candidates are ``L[t, :Ln[t]]`` and its node is
+    ``pos[t]`` (the next key ``L[t, pos[t]]``); state = [t, done, nodes, leaves, nodes per level...];
+    best = [E_best]. Returns after ``budget`` nodes."""
     N, d = A.shape
-    mx, buf, bidx, h, zs, zc = node_scratch(nrm, s, nref)
+    mx, buf, bidx, h, zs, zc, _, dirn = node_scratch(nrm, s, nref)
     t = state[0]
     nodes = 0
     while nodes < budget:
         nodes += 1
-        k = idx[t]
+        p0 = pos[t]
         state[4 + t] += 1
         lam = best[0] * (1.0 - rel_tol)
         r = s - t
-        ok = _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, mx, buf, bidx, h, zs, zc, nref, theta, decay)
+        Lt = L[t]
+        ok = _node_lb_ok(t, Lt, p0, Ln[t], s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
+                         gamma, mx, buf, bidx, h, zs, zc, nref, theta, decay, dirn)
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
             for q in range(d):
                 n2T += ys[t, q] * ys[t, q]
             nyT = np.sqrt(n2T) * (1.0 - SAFE)
-            for kk in range(k, N):
+            for i in range(p0, Ln[t]):
+                kk = Lt[i]
                 # no later leaf can beat best: ||y_T + a|| >= ||y_T|| - mx[kk], masses descend
                 if nyT - mx[kk] * (1.0 + SAFE) > best[0] * (ws[t] + pw[kk]) * (1.0 + SAFE):
                     break
@@ -102,27 +106,42 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
                     state[3] += 1
                     if e < best[0]:
                         best[0] = e
-                        for i in range(t):
-                            bestset[i] = idx[i]
+                        for i2 in range(t):
+                            bestset[i2] = L[i2, pos[i2]]
                         bestset[t] = kk
             ok = False
+        if ok and r >= 2 and exclude:
+            # reduced-cost exclusion: candidates no improving completion can hold leave this level's
+            # list (this subtree and every later sibling); then re-test if the next key itself left
+            k = Lt[p0]
+            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc, dirn)
+            if Ln[t] - p0 < r:
+                ok = False
+            elif Lt[p0] != k:
+                continue
         if ok:
-            # include k: push level t + 1
+            # include the next key: push level t + 1 with the later candidates
+            k = Lt[p0]
             for q in range(d):
                 ys[t + 1, q] = ys[t, q] + A[k, q]
             ws[t + 1] = ws[t] + pw[k]
             bs[t + 1] = bs[t] + nrm[k]
-            for kk in range(k + 1, N):
+            m = 0
+            for i in range(p0 + 1, Ln[t]):
+                kk = Lt[i]
+                L[t + 1, m] = kk
                 cs[t + 1, kk] = cs[t, kk] + G[k, kk]
+                m += 1
+            Ln[t + 1] = m
             t += 1
-            idx[t] = k + 1
+            pos[t] = 0
             continue
-        # pruned or exhausted: back to the parent's next sibling
+        # pruned or exhausted: back to the parent's next candidate
         t -= 1
         if t < 0:
             state[1] = 1
             break
-        idx[t] += 1
+        pos[t] += 1
     state[0] = max(t, 0)
     state[2] += nodes
 
@@ -130,7 +149,7 @@ def _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
               A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK,
-              kick_work: float = KICK_WORK, tail_lps: int = TAIL_LPS) -> SolverResult:
+              kick_work: float = KICK_WORK, tail_lps: int = TAIL_LPS, exclude: bool = True) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -155,6 +174,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         into its children; 0 = off; only the bound of a stopped search changes, not the search).
     tail_lps : linear programs tried for the tail node of a stopped search (all sets of the lightest
         keys under one bound, ``lp_bound.choose_tail``; 0 = off; only the bound changes).
+    exclude : drop candidates by reduced costs at every node that passes its tests
+        (``node_tests._exclude``; False = the plain search over key ranges, for comparison).
 
     Returns
     -------
@@ -202,7 +223,11 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     e_inc = np.linalg.norm(y) / w if w > 0 else np.inf
     best = np.array([e_inc])
     bestset = inc.copy()  # the search overwrites it whenever it beats best
-    idx = np.zeros(s + 1, dtype=np.int64)
+    pos = np.zeros(s + 1, dtype=np.int64)  # each level's node: its position in the level's list
+    L = np.zeros((s + 1, N), dtype=np.int64)  # each level's candidate keys (level 0: all)
+    L[0] = np.arange(N)
+    Ln = np.zeros(s + 1, dtype=np.int64)
+    Ln[0] = N
     state = np.zeros(5 + s, dtype=np.int64)  # t, done, nodes, leaf evals, nodes per level
     d = A.shape[1]
     ys = np.zeros((s + 1, d))
@@ -220,9 +245,14 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         if kick_at > int(state[2]):  # a batch ends exactly there, so node-limited runs stay deterministic
             budget = min(budget, kick_at - int(state[2]))
         elif kick_at == int(state[2]):
-            # the search did not finish in KICK_AFTER nodes: improve the incumbent by kicks (a
-            # better incumbent only prunes more; the search resumes where it stopped)
-            kicked = kick_search(A, pw, G, bestset.astype(np.int64), float(kick_work), KICK_SIZE, 0)
+            # the search did not finish in KICK_AFTER nodes: improve the incumbent by random
+            # restarts, then kicks from the better set (a better incumbent only prunes more; the
+            # search resumes where it stopped)
+            e_best = float(np.linalg.norm(A[bestset].sum(axis=0)) / pw[bestset].sum())
+            restart = multistart_search(A, pw, G, s, float(kick_work), 0)
+            e_restart = float(np.linalg.norm(A[restart].sum(axis=0)) / pw[restart].sum())
+            kicked = kick_search(A, pw, G, restart if e_restart < e_best else bestset.astype(np.int64),
+                                 float(kick_work), KICK_SIZE, 0)
             e_kick = float(np.linalg.norm(A[kicked].sum(axis=0)) / pw[kicked].sum())
             kick_gain = e_kick < best[0]
             if kick_gain:
@@ -230,8 +260,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
                 bestset[:] = kicked
             kick_at = -1
         tb = time.perf_counter()
-        _search(A, pw, cum, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma,
-                idx, state, ys, ws, bs, cs, best, bestset, budget, nref, THETA, DECAY)
+        _search(A, pw, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs, cs,
+                best, bestset, budget, nref, THETA, DECAY, exclude)
         now = time.perf_counter()
         if state[1] or now >= deadline or (node_limit is not None and state[2] >= node_limit):
             break
@@ -245,7 +275,13 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         lb = value
     else:
         refine = np.zeros(len(REFINE_STATS), dtype=np.int64)
-        lb = float(open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, int(state[0]), ys, ws,
+        # the frontier is bounded over key ranges: level t's open nodes take every key after its
+        # current one (a superset of its remaining candidates), with full Gram sums for the path
+        t_cur = int(state[0])
+        idx = np.array([L[t, pos[t]] if pos[t] < Ln[t] else N for t in range(s + 1)], dtype=np.int64)
+        for t in range(t_cur):
+            cs[t + 1] = cs[t] + G[idx[t]]
+        lb = float(open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
                               int(tail_lps)))
         lb = min(max(lb, 0.0), value)

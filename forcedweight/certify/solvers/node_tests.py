@@ -1,14 +1,17 @@
-"""The prune tests of a branch-and-bound node (SPEC §5), in Numba: mass, box and projection.
+"""The prune tests of a branch-and-bound node (SPEC §5), in Numba: mass, box and projection,
+and the key exclusion they allow.
 
-A node is a partial set ``T`` (``y_T = sum_T a_i``, ``w_T = p(T)``; level ``t = |T|``) plus the
-keys ``R = k..N-1`` (sorted by mass, descending), from which ``r = s - t`` keys remain to be
-chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can have
-``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstring);
-``_node_value`` turns it into a proved lower bound by bisection on ``lam``.
-Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
-``cum`` (N + 1,) their prefix sums, ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix,
-``lo``/``hi`` box tables, ``ys`` (levels, d), ``ws``/``bs`` (levels,), ``cs`` (levels, N)
-(``cs[t, j] = <y_T, a_j>`` from Gram rows), ``mx`` (N + 1,) suffix maxima of ``nrm``; scratch ``buf``, ``bidx``, ``h``, ``zs``, ``zc``.
+A node is a partial set ``T`` (``y_T = sum_T a_i``, ``w_T = p(T)``; level ``t = |T|``) plus its
+candidate keys ``R = L[p0:ln]`` (increasing indices, i.e. sorted by mass, descending), from which
+``r = s - t`` keys remain to be chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can
+have ``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstring);
+``_node_value`` turns it into a proved lower bound by bisection on ``lam``; ``_exclude`` drops the
+candidates that no completion with ``E < lam`` can hold (reduced-cost fixing with the test's
+direction). Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
+``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix, ``lo``/``hi`` box tables, ``ys`` (levels, d),
+``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, j] = <y_T, a_j>`` from Gram rows, needed for
+the candidates), ``mx`` (N + 1,) suffix maxima of ``nrm``; scratch ``buf``, ``bidx``, ``h``, ``zs``,
+``zc``, ``dirn`` (``node_scratch``).
 """
 
 from __future__ import annotations
@@ -84,13 +87,17 @@ def suffix_max(nrm):
     return mx
 
 
+DIRN = 8  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
+
+
 @njit(cache=True)
 def node_scratch(nrm, s, nref):
     """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``nref`` steps:
-    ``(mx, buf, bidx, h, zs, zc)`` (``mx = suffix_max(nrm)``, the rest scratch)."""
+    ``(mx, buf, bidx, h, zs, zc, keys, dirn)`` (``mx = suffix_max(nrm)``, ``keys = arange(N)``, the
+    candidate list of a range node ``R = k..N-1``; the rest scratch)."""
     N = nrm.shape[0]
     return (suffix_max(nrm), np.empty(s), np.zeros(s, np.int64), np.zeros(N), np.zeros(nref * s, np.int64),
-            np.zeros(nref * s))
+            np.zeros(nref * s), np.arange(N), np.zeros(DIRN))
 
 
 @njit(cache=True)
@@ -130,9 +137,13 @@ def _h_at(kk, G, zs, zc, nzl):
 
 
 @njit(cache=True)
-def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, buf,
-                bidx, h, zs, zc, nref, theta, decay):
-    """True when node (T = level t, next key k) may contain a set with E < lam.
+def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, buf,
+                bidx, h, zs, zc, nref, theta, decay, dirn):
+    """True when node (T = level t, candidates ``R = L[p0:ln]``) may contain a set with E < lam.
+
+    ``L`` holds key indices in increasing order (the search's mass order); a range node ``R = k..N-1``
+    is ``(keys, k, N)`` with ``keys = arange(N)`` from ``node_scratch``. The box bound is that of
+    all keys ``>= L[p0]`` (a superset of R, so still a bound).
 
     The r smallest of ``g_kk = <a_kk, u> - lam p_kk`` over R are found by a scan in mass order that
     stops at the first kk where ``buf[r - 1] <= -(c mx[kk] + lam p_kk)`` (``mx = suffix_max(nrm)``,
@@ -141,13 +152,18 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
     full scan, so the test (and the search) is unchanged; on long rows, where most keys are light,
     a scan reads a small share of R. Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc``
     (nref * s,) (the supergradient steps' keys and coefficients, so ``h`` is filled only as far
-    as a scan reads).
+    as a scan reads). When the node passes after the projection test, ``dirn`` (DIRN,) holds its
+    last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
     """
     N, d = A.shape
     r = s - t
-    if N - k < r:
+    dirn[0] = 0.0
+    if ln - p0 < r:
         return False
-    wmax = ws[t] + (cum[min(N, k + r)] - cum[k])
+    k = L[p0]
+    wmax = ws[t]
+    for i in range(p0, p0 + r):
+        wmax += pw[L[i]]
     if wmax <= 0.0:
         return False
     if use_box:
@@ -163,107 +179,173 @@ def _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, la
                 dist2 += (b + slack) * (b + slack)
         if dist2 >= (lam * wmax) * (lam * wmax):
             return False
-    if t > 0:
-        ny2 = 0.0
-        for q in range(d):
-            ny2 += ys[t, q] * ys[t, q]
-        ny = np.sqrt(ny2)
-        if ny > 0.0:
-            err = gamma * bs[t] / ny
-            c = 1.0 + 2.0 * err + SAFE
-            lp = lam * (1.0 + SAFE)
-            n = 0
-            hv = k  # h (the steps' sums, 0 before the first) is filled on [k, hv)
-            for kk in range(k, N):
-                if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
-                    break
-                n = _insert((cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk], kk, n, r, buf, bidx)
-                h[kk] = 0.0
-                hv = kk + 1
-            tot = ny - lam * ws[t] + _sum_r(buf, r)
-            if tot >= 0.0:
-                return False
-            # supergradient ascent on u: the test value is concave in u and its supergradient at u
-            # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
-            # v = alpha y_T + sum_j c_j a_{z_j}, and h[kk] = sum_j c_j <a_{z_j}, a_kk> (from the
-            # Gram matrix) is accumulated step by step, so a step costs r (keys read) + r^2, with no
-            # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
-            # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
-            # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
-            # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||.
-            # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
-            # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
-            alpha = 1.0 / ny
-            vv = ny2 * alpha * alpha
-            vy = ny2 * alpha
-            bz = alpha * bs[t]
-            nz = 0
-            for step in range(nref):
-                vg = vy
-                yg = ny2
-                gg = ny2
-                for i in range(r):
-                    z = bidx[i]
-                    vg += alpha * cs[t, z] + h[z]
-                    yg += cs[t, z]
-                    gg += 2.0 * cs[t, z]
-                    for i2 in range(r):
-                        gg += G[z, bidx[i2]]
-                if not gg > 0.0:
-                    break
-                eta = theta / ((step + 1.0) ** decay * np.sqrt(gg))
-                vv += 2.0 * eta * vg + eta * eta * gg
-                vy += eta * yg
-                alpha += eta
-                bz += eta * bs[t]
-                for i in range(r):
-                    z = bidx[i]
-                    bz += eta * nrm[z]
-                    for kk in range(k, hv):
-                        h[kk] += eta * G[z, kk]
-                    zs[nz + i] = z
-                    zc[nz + i] = eta
-                nz += r
-                kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
-                nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
-                if not nv > 0.0:
-                    break
-                dot = vy - kap2 * bz * bs[t]
-                err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
-                c = 1.0 + 2.0 * err + SAFE
-                n = 0
-                for kk in range(k, N):
-                    if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
-                        break
-                    if kk >= hv:
-                        h[kk] = _h_at(kk, G, zs, zc, nz)
-                        hv = kk + 1
-                    n = _insert(((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk],
-                                kk, n, r, buf, bidx)
-                tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
-                if tot >= 0.0:
-                    return False
+    if t == 0:
+        return True
+    ny2 = 0.0
+    for q in range(d):
+        ny2 += ys[t, q] * ys[t, q]
+    ny = np.sqrt(ny2)
+    if not ny > 0.0:
+        return True
+    err = gamma * bs[t] / ny
+    c = 1.0 + 2.0 * err + SAFE
+    lp = lam * (1.0 + SAFE)
+    n = 0
+    hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
+    for i in range(p0, ln):
+        kk = L[i]
+        if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
+            break
+        n = _insert((cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk], kk, n, r, buf, bidx)
+        h[kk] = 0.0
+        hv = i + 1
+    tot = ny - lam * ws[t] + _sum_r(buf, r)
+    if tot >= 0.0:
+        return False
+    # supergradient ascent on u: the test value is concave in u and its supergradient at u
+    # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
+    # v = alpha y_T + sum_j c_j a_{z_j}, and h[kk] = sum_j c_j <a_{z_j}, a_kk> (from the
+    # Gram matrix) is accumulated step by step, so a step costs r (keys read) + r^2, with no
+    # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
+    # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
+    # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
+    # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||.
+    # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
+    # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
+    alpha = 1.0 / ny
+    vv = ny2 * alpha * alpha
+    vy = ny2 * alpha
+    bz = alpha * bs[t]
+    nz = 0
+    nv = 1.0
+    dot = ny
+    for step in range(nref):
+        vg = vy
+        yg = ny2
+        gg = ny2
+        for i in range(r):
+            z = bidx[i]
+            vg += alpha * cs[t, z] + h[z]
+            yg += cs[t, z]
+            gg += 2.0 * cs[t, z]
+            for i2 in range(r):
+                gg += G[z, bidx[i2]]
+        if not gg > 0.0:
+            break
+        eta = theta / ((step + 1.0) ** decay * np.sqrt(gg))
+        vv += 2.0 * eta * vg + eta * eta * gg
+        vy += eta * yg
+        alpha += eta
+        bz += eta * bs[t]
+        for i in range(r):
+            z = bidx[i]
+            bz += eta * nrm[z]
+            for ii in range(p0, hv):
+                kk = L[ii]
+                h[kk] += eta * G[z, kk]
+            zs[nz + i] = z
+            zc[nz + i] = eta
+        nz += r
+        kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
+        nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
+        if not nv > 0.0:
+            return True  # (no direction left for _exclude)
+        dot = vy - kap2 * bz * bs[t]
+        err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
+        c = 1.0 + 2.0 * err + SAFE
+        n = 0
+        for i in range(p0, ln):
+            kk = L[i]
+            if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
+                break
+            if i >= hv:
+                h[kk] = _h_at(kk, G, zs, zc, nz)
+                hv = i + 1
+            n = _insert(((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk],
+                        kk, n, r, buf, bidx)
+        tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
+        if tot >= 0.0:
+            return False
+    # the last direction (the one buf/bidx were scanned with), for _exclude
+    dirn[0] = 1.0
+    dirn[1] = alpha
+    dirn[2] = nv
+    dirn[3] = dot
+    dirn[4] = err
+    dirn[5] = nz
+    dirn[6] = hv
     return True
 
 
 @njit(cache=True)
-def _node_value(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, buf,
-                bidx, h, zs, zc, iters):
-    """A proved lower bound on E over node (level t, next key k), capped at ``top``.
+def _exclude(t, L, p0, ln, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc, dirn):
+    """Drop from ``L[p0:ln]`` (in place, order kept) every key in no completion with E < lam;
+    returns the new end. Valid after ``_node_lb_ok`` passed this node with ``dirn[0] == 1``.
+
+    Reduced-cost fixing with the test's last direction u: for a completion Z (r keys of R) that
+    holds key j, ``<y_T + y_Z, u> - lam w(T + Z) >= <y_T, u> - lam w_T + g_j + (sum of the r - 1
+    smallest g over R)``, with ``g`` the lower ends the scans use (``buf`` holds the r smallest).
+    Where that is >= 0, ``||y_S|| >= <y_S, u> >= lam w_S`` for every such S: j is dropped (for this
+    node's subtree and every later sibling, whose candidates are a subset). Keys are read in mass
+    order until ``base >= c mx[kk] + lam p_kk`` (``g >= -||a|| - lam p``), from where on none can
+    stay but the r - 1 smallest.
+    """
+    r = s - t
+    if dirn[0] != 1.0 or r < 2:
+        return ln
+    alpha = dirn[1]
+    nv = dirn[2]
+    err = dirn[4]
+    nz = int(dirn[5])
+    hv = int(dirn[6])
+    base = dirn[3] / nv - lam * ws[t]
+    for i in range(r - 1):
+        base += buf[i]
+    c = 1.0 + 2.0 * err + SAFE
+    lp = lam * (1.0 + SAFE)
+    j = p0
+    for i in range(p0, ln):
+        kk = L[i]
+        if base >= c * mx[kk] + lp * pw[kk]:  # no key from here on can stay
+            for i2 in range(i, ln):
+                kk2 = L[i2]
+                for i3 in range(r - 1):
+                    if bidx[i3] == kk2:
+                        L[j] = kk2
+                        j += 1
+            return j
+        if i >= hv:
+            h[kk] = _h_at(kk, G, zs, zc, nz)
+            hv = i + 1
+        keep = base + (((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]) < 0.0
+        if not keep:
+            for i3 in range(r - 1):
+                if bidx[i3] == kk:
+                    keep = True
+        if keep:
+            L[j] = kk
+            j += 1
+    return j
+
+
+@njit(cache=True)
+def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, buf,
+                bidx, h, zs, zc, dirn, iters):
+    """A proved lower bound on E over node (level t, candidates ``L[p0:ln]``), capped at ``top``.
 
     ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
     on a bisection of ``[0, top]`` (``iters`` halvings) is returned (``top`` itself when proved
     there, 0 when nothing is).
     """
-    if not _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
-                       buf, bidx, h, zs, zc, NREF, THETA, DECAY):
+    if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
+                       buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
         return top
     lo_l = 0.0
     hi_l = top
     for _ in range(iters):
         mid = 0.5 * (lo_l + hi_l)
-        if _node_lb_ok(t, k, s, A, pw, cum, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, mx,
-                       buf, bidx, h, zs, zc, NREF, THETA, DECAY):
+        if _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, mx,
+                       buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
             hi_l = mid
         else:
             lo_l = mid

@@ -1,0 +1,95 @@
+"""Reduced-cost key exclusion (``node_tests._exclude``) against the brute force over completions.
+
+At a node the projection test cannot prune, the keys ``_exclude`` drops must be in no completion
+with ``E < lam``: checked here by enumerating every completion of random nodes of small rows
+(repeated values, as layer-0 rows have, and spread or peaked masses), then the whole search with
+exclusion against the brute-force optimum.
+"""
+
+from itertools import combinations
+
+import numpy as np
+import pytest
+
+from forcedweight.certify.enumerate import brute_force_best
+from forcedweight.certify.solvers import bnb
+from forcedweight.certify.solvers.bnb import REL_TOL, solve_bnb
+from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA, _exclude, _node_lb_ok, node_scratch
+from forcedweight.core import operator as op
+
+
+def _row(seed, n, d, sigma, distinct=None):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=n) * sigma
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if distinct is None:
+        return p, rng.normal(size=(n, d))
+    U = rng.normal(size=(distinct, d))
+    return p, U[rng.integers(0, distinct, size=n)]  # repeated values (layer 0: one per token)
+
+
+def _level(A, pw, nrm, G, T, s):
+    """ys/ws/bs/cs arrays with level len(T) filled from the keys T (the search's sums)."""
+    N, d = A.shape
+    ys, ws, bs, cs = np.zeros((s + 1, d)), np.zeros(s + 1), np.zeros(s + 1), np.zeros((s + 1, N))
+    for i, j in enumerate(T):
+        ys[i + 1] = ys[i] + A[j]
+        ws[i + 1] = ws[i] + pw[j]
+        bs[i + 1] = bs[i] + nrm[j]
+        cs[i + 1] = cs[i] + G[j]
+    return ys, ws, bs, cs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_excluded_keys_are_in_no_completion_below_lam(seed):
+    rng = np.random.default_rng(1000 + seed)
+    n, d, s = 22, int(rng.integers(2, 6)), int(rng.integers(4, 7))
+    p, V = _row(seed, n, d, rng.choice([0.3, 1.0, 2.5]), distinct=(None if seed % 2 else 6))
+    order = op.rank_order(p)
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, _ = bnb._prepared(op.centred_contributions(p, V), p, order, s)
+    mx, buf, bidx, h, zs, zc, _, dirn = node_scratch(nrm, s, NREF)
+    dropped = checked = 0
+    for trial in range(40):
+        t = int(rng.integers(1, s - 1))  # r = s - t >= 2
+        T = np.sort(rng.choice(8, size=t, replace=False))
+        rest = np.arange(T[-1] + 1, n)
+        R = np.sort(rng.choice(rest, size=int(rng.integers(s - t, rest.size + 1)), replace=False))
+        ys, ws, bs, cs = _level(A, pw, nrm, G, T, s)
+        r = s - t
+        comps = list(combinations(R.tolist(), r))
+        E = np.array([np.linalg.norm(ys[t] + A[list(Z)].sum(0)) / (ws[t] + pw[list(Z)].sum()) for Z in comps])
+        lam = float(E.min() * rng.choice([0.6, 0.95, 1.05, 1.4]))  # some nodes hold sets below lam
+        L = np.concatenate([R, np.full(n - R.size, -1)]).astype(np.int64)
+        nref = int(rng.choice([0, 2, NREF]))
+        ok = _node_lb_ok(t, L, 0, R.size, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx,
+                         buf, bidx, h, zs, zc, nref, THETA, DECAY, dirn)
+        if not ok:
+            assert E.min() >= lam * (1 - 1e-12)  # a pruned node holds no set below lam
+            continue
+        end = _exclude(t, L, 0, R.size, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc, dirn)
+        kept = set(L[:end].tolist())
+        assert kept <= set(R.tolist()) and np.all(np.diff(L[:end]) > 0)  # a subset, order kept
+        for Z, e in zip(comps, E):
+            if e < lam * (1 - 1e-12):  # every key of a set below lam stays
+                assert set(Z) <= kept
+        dropped += R.size - end
+        checked += 1
+    assert checked >= 10
+    assert dropped > 0  # the exclusion did something on these rows
+
+
+@pytest.mark.parametrize("distinct", [None, 4, 7])
+def test_bnb_with_exclusion_matches_brute_force(distinct):
+    for seed in range(3):
+        p, V = _row(50 + seed, 24, 4, 1.0, distinct=distinct)
+        for s in (3, 5, 6):
+            ref, _ = brute_force_best(p, V, s)
+            on = solve_bnb(p, V, s, time_limit=60)
+            off = solve_bnb(p, V, s, time_limit=60, exclude=False)
+            for res in (on, off):
+                assert res.proved
+                assert ref - 1e-13 <= res.value <= ref * (1 + 2 * REL_TOL) + 1e-13
+                assert res.value == op.forced_error(p, V, res.best_set)
+            # exclusion only removes nodes: never more than the plain search
+            assert on.info["nodes"] <= off.info["nodes"]
