@@ -286,9 +286,10 @@ def _exclude(t, L, p0, ln, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc,
     holds key j, ``<y_T + y_Z, u> - lam w(T + Z) >= <y_T, u> - lam w_T + g_j + (sum of the r - 1
     smallest g over R)``, with ``g`` the lower ends the scans use (``buf`` holds the r smallest).
     Where that is >= 0, ``||y_S|| >= <y_S, u> >= lam w_S`` for every such S: j is dropped (for this
-    node's subtree and every later sibling, whose candidates are a subset). Keys are read in mass
-    order until ``base >= c mx[kk] + lam p_kk`` (``g >= -||a|| - lam p``), from where on none can
-    stay but the r - 1 smallest.
+    node's subtree and every later sibling, whose candidates are a subset). Only the keys the scans
+    read are evaluated (their sums ``h`` are at hand; on long rows the rest are light keys, whose
+    evaluation cost more than it saved); from the first key where ``base >= c mx[kk] + lam p_kk``
+    (``g >= -||a|| - lam p``) on, none can stay but the r - 1 smallest.
     """
     r = s - t
     if dirn[0] != 1.0 or r < 2:
@@ -314,9 +315,10 @@ def _exclude(t, L, p0, ln, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc,
                         L[j] = kk2
                         j += 1
             return j
-        if i >= hv:
-            h[kk] = _h_at(kk, G, zs, zc, nz)
-            hv = i + 1
+        if i >= hv:  # a key no scan read (on long rows most are light): kept, not evaluated
+            L[j] = kk
+            j += 1
+            continue
         keep = base + (((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]) < 0.0
         if not keep:
             for i3 in range(r - 1):
