@@ -25,6 +25,8 @@ from numba import njit
 
 KICK_WORK = 5e7  # default budget in pair evaluations (~0.25 s at N = 1024, s = 8, one core; BENCHMARKS.md, issue 15)
 KICK_AFTER = 5000  # the branch and bound runs the kicks only when not done after this many nodes
+RESTART_AFTER = 20_000  # ... and the random restarts after this many (N ~ 4,096: rows proved in ~7,000 nodes
+# paid ~0.3 s for restarts at 5,000 that never helped them; BENCHMARKS.md, issue 15)
 KICK_SIZE = 2  # kept keys replaced per kick
 REL = 1e-12  # a swap must lower E by this relative amount (guards against round-off cycles)
 
@@ -188,4 +190,4 @@ def multistart_search(A, pw, G, s, work, seed):
     return np.sort(best)
 
 
-__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "kick_search", "multistart_search"]
+__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "RESTART_AFTER", "kick_search", "multistart_search"]

@@ -152,12 +152,15 @@ def test_direction_steps_prune_more_and_stay_exact(monkeypatch):
 
 
 def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch):
-    # the kick search runs once the search has visited KICK_AFTER nodes; set low here so these
-    # small rows reach it from a bad warm start: the proof still matches the brute force, with and
-    # without kicks, and two node-limited runs through the kick are identical
+    # the kick search runs once the search has visited KICK_AFTER nodes, the random restarts at
+    # RESTART_AFTER; set low here so these small rows reach both from a bad warm start: the proof
+    # still matches the brute force, with and without them, and two node-limited runs through them
+    # are identical
     import forcedweight.certify.solvers.bnb as bnb
 
     monkeypatch.setattr(bnb, "KICK_AFTER", 40)
+    monkeypatch.setattr(bnb, "RESTART_AFTER", 80)  # the random restarts too
+    reached = False
     for seed, sigma in ((5, 1.0), (6, 0.7), (7, 0.4)):
         p, V = synthetic_row(24, sigma, seed, d=5)
         ref, _ = brute_force_best(p, V, 5)
@@ -165,6 +168,7 @@ def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch
         res = solve_bnb(p, V, 5, incumbent=bad, polish=True, time_limit=60)
         check_result(res, p, V, 5, ref, 2 * REL_TOL)
         assert res.info["kick_improved"] is not None  # the kick ran
+        reached = reached or res.info["restart_improved"] is not None  # so did the restarts
         off = solve_bnb(p, V, 5, incumbent=bad, polish=True, time_limit=60, kick_work=0)
         check_result(off, p, V, 5, ref, 2 * REL_TOL)
         assert off.info["kick_improved"] is None
@@ -172,6 +176,7 @@ def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch
         assert runs[0].info["nodes"] == runs[1].info["nodes"] == 300 or runs[0].proved
         assert np.array_equal(runs[0].best_set, runs[1].best_set)
         assert runs[0].lower_bound == runs[1].lower_bound and runs[0].value == runs[1].value
+    assert reached
 
 
 def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypatch):

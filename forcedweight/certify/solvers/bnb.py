@@ -47,7 +47,8 @@ import numpy as np
 from numba import njit
 
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import KICK_AFTER, KICK_SIZE, KICK_WORK, kick_search, multistart_search
+from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RESTART_AFTER, kick_search,
+                                           multistart_search)
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
@@ -237,28 +238,36 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     nref = NREF_LONG if N >= LONG_ROWS else NREF
     budget = 256
     deadline = t0 + time_limit
-    kick_at = KICK_AFTER if polish and kick_work > 0 else -1  # node count of the kick search
-    kick_gain = None
+    # incumbent phases, at node counts where a batch ends exactly (node-limited runs stay
+    # deterministic): kicks from the best set after KICK_AFTER nodes, then random restarts (and
+    # kicks from their best when it is better) after RESTART_AFTER; rows proved before never pay
+    phases = [(KICK_AFTER, False), (RESTART_AFTER, True)] if polish and kick_work > 0 else []
+    kick_gain = restart_gain = None
     while True:
         if node_limit is not None:
             budget = min(budget, node_limit - int(state[2]))
-        if kick_at > int(state[2]):  # a batch ends exactly there, so node-limited runs stay deterministic
-            budget = min(budget, kick_at - int(state[2]))
-        elif kick_at == int(state[2]):
-            # the search did not finish in KICK_AFTER nodes: improve the incumbent by random
-            # restarts, then kicks from the better set (a better incumbent only prunes more; the
-            # search resumes where it stopped)
-            e_best = float(np.linalg.norm(A[bestset].sum(axis=0)) / pw[bestset].sum())
-            restart = multistart_search(A, pw, G, s, float(kick_work), 0)
-            e_restart = float(np.linalg.norm(A[restart].sum(axis=0)) / pw[restart].sum())
-            kicked = kick_search(A, pw, G, restart if e_restart < e_best else bestset.astype(np.int64),
-                                 float(kick_work), KICK_SIZE, 0)
+        if phases and phases[0][0] > int(state[2]):
+            budget = min(budget, phases[0][0] - int(state[2]))
+        elif phases:
+            # the search is not done: a better incumbent only prunes more (the search resumes
+            # where it stopped)
+            restarts = phases.pop(0)[1]
+            start_set = bestset.astype(np.int64)
+            if restarts:
+                restart = multistart_search(A, pw, G, s, float(kick_work), 0)
+                e_restart = float(np.linalg.norm(A[restart].sum(axis=0)) / pw[restart].sum())
+                restart_gain = e_restart < best[0]
+                if not restart_gain:
+                    continue
+                start_set = restart
+            kicked = kick_search(A, pw, G, start_set, float(kick_work), KICK_SIZE, 0)
             e_kick = float(np.linalg.norm(A[kicked].sum(axis=0)) / pw[kicked].sum())
-            kick_gain = e_kick < best[0]
-            if kick_gain:
+            gain = e_kick < best[0]
+            kick_gain = gain or bool(kick_gain)
+            if gain:
                 best[0] = e_kick
                 bestset[:] = kicked
-            kick_at = -1
+            continue
         tb = time.perf_counter()
         _search(A, pw, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs, cs,
                 best, bestset, budget, nref, THETA, DECAY, exclude)
@@ -288,6 +297,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
             "kick_improved": None if kick_gain is None else bool(kick_gain),
+            "restart_improved": restart_gain,
             "stopped_by": None if proved else ("nodes" if node_limit is not None and state[2] >= node_limit else "time")}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
                         rel_tol * value, info)
