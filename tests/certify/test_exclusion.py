@@ -67,7 +67,7 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
         if not ok:
             assert E.min() >= lam * (1 - 1e-12)  # a pruned node holds no set below lam
             continue
-        end = _exclude(t, L, 0, R.size, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc, dirn)
+        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn)
         kept = set(L[:end].tolist())
         assert kept <= set(R.tolist()) and np.all(np.diff(L[:end]) > 0)  # a subset, order kept
         for Z, e in zip(comps, E):

@@ -62,6 +62,13 @@ POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
 BOUND_ITERS = 30  # bisection steps of an open node's bound (relative precision 2**-30)
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
+
+def _set_error(A, pw, S) -> float:
+    """``E(S) = ||sum_S a_i|| / p(S)`` from contributions ``A`` (N, d) and masses ``pw`` (N,) (any
+    order; inf when the kept mass is 0). Direct, not by complements: ``A`` may be a pool's."""
+    w = pw[S].sum()
+    return float(np.linalg.norm(A[S].sum(axis=0)) / w) if w > 0 else np.inf
+
 @njit(cache=True)
 def _search(A, pw, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs, cs,
             best, bestset, budget, nref, theta, decay, exclude):
@@ -115,7 +122,7 @@ def _search(A, pw, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln
             # reduced-cost exclusion: candidates no improving completion can hold leave this level's
             # list (this subtree and every later sibling); then re-test if the next key itself left
             k = Lt[p0]
-            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc, dirn)
+            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn)
             if Ln[t] - p0 < r:
                 ok = False
             elif Lt[p0] != k:
@@ -198,30 +205,24 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             raise ValueError(f"s = {s} outside [1, {p.shape[0]}]")
     N = p.shape[0]
 
-    def value_of(S):
-        w = p[S].sum()
-        return float(np.linalg.norm(A_keys[S].sum(axis=0)) / w) if w > 0 else np.inf
-
     start = op.top_mass_set(p, s) if incumbent is None else op.as_index(incumbent, N)
     if start.size != s:
         raise ValueError(f"incumbent has {start.size} keys, expected s = {s}")
     if s == N:
         S = np.arange(N, dtype=np.int64)
-        v = value_of(S) if external else 0.0
+        v = _set_error(A_keys, p, S) if external else 0.0
         return SolverResult(v, S, v, True, "bnb", time.perf_counter() - t0, 0.0, {"nodes": 0})
     order = op.rank_order(p)  # keys by mass, ties to the lower index
     rank = np.empty(N, dtype=np.int64)
     rank[order] = np.arange(N)
     A, pw, nrm, G, lo, hi, use_box, kappa, gamma, cum = _prepared(A_keys, p, order, s)
     inc = np.sort(rank[start])
-    e_start = np.linalg.norm(A[inc].sum(axis=0)) / pw[inc].sum() if pw[inc].sum() > 0 else np.inf
+    e_start = _set_error(A, pw, inc)
     # (the 1-swap search values sets by complements, exact only for a whole row's contributions)
     if polish and s < N and not external:
         polished, _ = swap_search(p, V, start, max_swaps=POLISH_ROUNDS, A=A_keys)
         inc = np.sort(rank[polished])
-    y = A[inc].sum(axis=0)
-    w = pw[inc].sum()
-    e_inc = np.linalg.norm(y) / w if w > 0 else np.inf
+    e_inc = _set_error(A, pw, inc)
     best = np.array([e_inc])
     bestset = inc.copy()  # the search overwrites it whenever it beats best
     pos = np.zeros(s + 1, dtype=np.int64)  # each level's node: its position in the level's list
@@ -255,13 +256,13 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             start_set = bestset.astype(np.int64)
             if restarts:
                 restart = multistart_search(A, pw, G, s, float(kick_work), 0)
-                e_restart = float(np.linalg.norm(A[restart].sum(axis=0)) / pw[restart].sum())
+                e_restart = _set_error(A, pw, restart)
                 restart_gain = e_restart < best[0]
                 if not restart_gain:
                     continue
                 start_set = restart
             kicked = kick_search(A, pw, G, start_set, float(kick_work), KICK_SIZE, 0)
-            e_kick = float(np.linalg.norm(A[kicked].sum(axis=0)) / pw[kicked].sum())
+            e_kick = _set_error(A, pw, kicked)
             gain = e_kick < best[0]
             kick_gain = gain or bool(kick_gain)
             if gain:
@@ -278,7 +279,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         # a node-limited result, do not depend on them)
         budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
     S = np.sort(order[bestset])
-    value = value_of(S) if external else op.forced_error(p, V, S)
+    value = _set_error(A_keys, p, S) if external else op.forced_error(p, V, S)
     proved = bool(state[1])
     if proved:
         lb = value
@@ -339,7 +340,7 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
     order = op.rank_order(p)
     A_, pw, nrm, G, lo, hi, use_box, _, gamma, cum = _prepared(A_keys, p, order, s)
     top = op.top_mass_set(p, s)
-    e_top = float(np.linalg.norm(A_keys[top].sum(axis=0)) / p[top].sum()) if p[top].sum() > 0 else np.inf
+    e_top = _set_error(A_keys, p, top)
     if s == p.shape[0]:
         return e_top
     return float(first_level_bound(A_, pw, cum, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS,

@@ -87,7 +87,7 @@ def suffix_max(nrm):
     return mx
 
 
-DIRN = 8  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
+DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
 
 
 @njit(cache=True)
@@ -272,13 +272,21 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     dirn[2] = nv
     dirn[3] = dot
     dirn[4] = err
-    dirn[5] = nz
-    dirn[6] = hv
+    dirn[5] = hv
     return True
 
 
 @njit(cache=True)
-def _exclude(t, L, p0, ln, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc, dirn):
+def _among(kk, bidx, m):
+    """Whether key ``kk`` is one of ``bidx[:m]`` (the keys of the m smallest a scan kept)."""
+    for i in range(m):
+        if bidx[i] == kk:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn):
     """Drop from ``L[p0:ln]`` (in place, order kept) every key in no completion with E < lam;
     returns the new end. Valid after ``_node_lb_ok`` passed this node with ``dirn[0] == 1``.
 
@@ -297,8 +305,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc,
     alpha = dirn[1]
     nv = dirn[2]
     err = dirn[4]
-    nz = int(dirn[5])
-    hv = int(dirn[6])
+    hv = int(dirn[5])
     base = dirn[3] / nv - lam * ws[t]
     for i in range(r - 1):
         base += buf[i]
@@ -309,22 +316,16 @@ def _exclude(t, L, p0, ln, s, pw, nrm, G, ws, cs, lam, mx, buf, bidx, h, zs, zc,
         kk = L[i]
         if base >= c * mx[kk] + lp * pw[kk]:  # no key from here on can stay
             for i2 in range(i, ln):
-                kk2 = L[i2]
-                for i3 in range(r - 1):
-                    if bidx[i3] == kk2:
-                        L[j] = kk2
-                        j += 1
+                if _among(L[i2], bidx, r - 1):
+                    L[j] = L[i2]
+                    j += 1
             return j
         if i >= hv:  # a key no scan read (on long rows most are light): kept, not evaluated
             L[j] = kk
             j += 1
             continue
-        keep = base + (((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]) < 0.0
-        if not keep:
-            for i3 in range(r - 1):
-                if bidx[i3] == kk:
-                    keep = True
-        if keep:
+        g = ((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]
+        if base + g < 0.0 or _among(kk, bidx, r - 1):
             L[j] = kk
             j += 1
     return j
