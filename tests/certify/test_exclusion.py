@@ -46,8 +46,9 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
     rng = np.random.default_rng(1000 + seed)
     n, d, s = 22, int(rng.integers(2, 6)), int(rng.integers(4, 7))
     p, V = _row(seed, n, d, rng.choice([0.3, 1.0, 2.5]), distinct=(None if seed % 2 else 6))
-    order = op.rank_order(p)
-    A, pw, nrm, G, lo, hi, use_box, _, gamma, _ = bnb._prepared(op.centred_contributions(p, V), p, order, s)
+    A0 = op.centred_contributions(p, V)
+    order = bnb.search_order(A0, p) if seed % 4 < 2 else op.rank_order(p)  # the tests are order-free
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, order, s)
     mx, buf, bidx, h, zs, zc, _, dirn = node_scratch(nrm, s, NREF)
     dropped = checked = 0
     for trial in range(40):
@@ -63,11 +64,11 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
         L = np.concatenate([R, np.full(n - R.size, -1)]).astype(np.int64)
         nref = int(rng.choice([0, 2, NREF]))
         ok = _node_lb_ok(t, L, 0, R.size, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx,
-                         buf, bidx, h, zs, zc, nref, THETA, DECAY, dirn)
+                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, dirn)
         if not ok:
             assert E.min() >= lam * (1 - 1e-12)  # a pruned node holds no set below lam
             continue
-        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn)
+        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn)
         kept = set(L[:end].tolist())
         assert kept <= set(R.tolist()) and np.all(np.diff(L[:end]) > 0)  # a subset, order kept
         for Z, e in zip(comps, E):

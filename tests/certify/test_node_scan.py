@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from forcedweight.certify.solvers import bnb
-from forcedweight.certify.solvers.node_tests import DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, suffix_max
+from forcedweight.certify.solvers.node_tests import DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, mass_tops, suffix_max
 from forcedweight.core import operator as op
 
 
-def _reference(t, k, s, pw, cum, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
+def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
     """Verdict and last r smallest of the mass and projection tests, every key of R read."""
     N = pw.shape[0]
     r = s - t
-    if N - k < r or ws[t] + (cum[min(N, k + r)] - cum[k]) <= 0.0:
+    if N - k < r or ws[t] + wtop[k, r] <= 0.0:
         return False, None
     ny2 = 0.0
     for q in range(ys.shape[1]):
@@ -78,7 +78,8 @@ def _reference(t, k, s, pw, cum, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_early_stopped_scans_equal_the_full_scan(seed):
+@pytest.mark.parametrize("order_by", ["search", "mass"])
+def test_early_stopped_scans_equal_the_full_scan(seed, order_by):
     """Heavy-tailed masses (most keys light, as on long real rows): the scans stop early (the
     untouched tail of h shows it), and verdicts and r smallest equal the full reference exactly."""
     rng = np.random.default_rng(seed)
@@ -86,8 +87,9 @@ def test_early_stopped_scans_equal_the_full_scan(seed):
     p = np.exp(3.0 * rng.normal(size=N))
     p /= p.sum()
     V = rng.normal(size=(N, d))
-    A, pw, nrm, G, lo, hi, _, _, gamma, cum = bnb._prepared(op.centred_contributions(p, V), p,
-                                                          op.rank_order(p), s)
+    A0 = op.centred_contributions(p, V)
+    order = bnb.search_order(A0, p) if order_by == "search" else op.rank_order(p)  # the scans are order-free
+    A, pw, nrm, G, lo, hi, _, _, gamma, wtop = bnb._prepared(A0, p, order, s)
     mx = suffix_max(nrm)
     stopped = compared = 0
     for trial in range(60):
@@ -108,8 +110,8 @@ def test_early_stopped_scans_equal_the_full_scan(seed):
         h = np.full(N, np.nan)
         zs, zc = np.zeros(NREF * s, np.int64), np.zeros(NREF * s)
         ok = _node_lb_ok(t, np.arange(N), k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, False, lam, gamma, mx,
-                         buf, bidx, h, zs, zc, nref, THETA, DECAY, np.zeros(DIRN))
-        ref_ok, last = _reference(t, k, s, pw, cum, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
+                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, np.zeros(DIRN))
+        ref_ok, last = _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
         assert ok == ref_ok
         if last is not None:
             r = s - t
@@ -124,3 +126,23 @@ def test_early_stopped_scans_equal_the_full_scan(seed):
 def test_suffix_max():
     nrm = np.array([3.0, 1.0, 2.0, 0.5])
     np.testing.assert_array_equal(suffix_max(nrm), [3.0, 2.0, 2.0, 0.5, 0.0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mass_tops_against_sorting(seed):
+    """wtop[j, r] = the sum of the r largest masses from key j on (fewer when fewer are left)."""
+    rng = np.random.default_rng(seed)
+    N, s = int(rng.integers(1, 30)), int(rng.integers(1, 9))
+    pw = rng.choice([0.0, 0.1, 0.25, 0.5], size=N) if seed % 2 else rng.random(N)  # ties, zeros
+    wtop = mass_tops(pw, s)
+    assert wtop.shape == (N + 1, s + 1)
+    for j in range(N + 1):
+        desc = np.sort(pw[j:])[::-1]
+        for r in range(s + 1):
+            assert wtop[j, r] == pytest.approx(desc[:r].sum(), rel=1e-15, abs=0.0)
+
+
+def test_search_order_is_by_norm_then_mass_then_index():
+    A = np.array([[1.0, 0.0], [0.0, 2.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    p = np.array([0.1, 0.2, 0.3, 0.1, 0.3])
+    assert bnb.search_order(A, p).tolist() == [1, 2, 0, 3, 4]

@@ -84,11 +84,11 @@ def _leaf_lower(ys, t, A, pw, nrm, bs, ws, j, d, s):
 
 
 @njit(cache=True)
-def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
+def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
                       vals, state, k_to, cur0, stop_below, out):
     """Bounds of the first-level nodes ``{k}``, k_from <= k < k_to, into vals[k] (state[k] as above).
 
-    Visited from the last k down (light keys first: their bounds are usually the smallest), each
+    Visited from the last k down (the smallest norms first: their bounds are usually the smallest), each
     bisection capped at the running minimum (which starts at ``min(top, cur0)``), with the quick
     relaxation below it (the full bound and relaxation of the smallest ones come from ``_refine``,
     within its budget). Stops after the first node whose bound is below ``stop_below`` and sets
@@ -117,7 +117,7 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
         for kk in range(k + 1, N):
             cs1[1, kk] = G[k, kk]
         v = _node_value(1, keys_all, k + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
-                        gamma, mx, buf, bidx, h, zs, zc, dirn, iters)
+                        gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
         work += (N - k) * (iters + 1 if v < cur else 1)
         if v < cur and relax_iters > 0:
             v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur,
@@ -133,7 +133,7 @@ def _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
 
 
 @njit(cache=True)
-def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
+def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
             relax_iters, budget, stats):
     """Raise the minimum of the frontier ``[0, m)`` by best-first refinement (module docstring).
 
@@ -166,7 +166,7 @@ def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m,
         _level(A, pw, nrm, G, keys[i], t, ys, ws, bs, cs)
         if state[i] == 0:
             # (1) its own full bound
-            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
+            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, wtop,
                             buf, bidx, h, zs, zc, dirn, iters)
             spent += (N - k) * (iters + 1) + N * t
             if v < top and relax_iters > 0 and N - k >= s - t:
@@ -211,10 +211,10 @@ def _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m,
             stats[2] += 1
             # dropped when proved at top (one test); otherwise bounded, capped at the running minimum
             if not _node_lb_ok(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top,
-                               gamma, mx, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
+                               gamma, mx, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
                 continue
             v = _node_value(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, cur,
-                            gamma, mx, buf, bidx, h, zs, zc, dirn, iters)
+                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
             spent += (N - j) * (iters + 1 if v < cur else 1)
             if v < cur and rq > 0:
                 v = max(v, relax_bound(ys[t + 1], ws[t + 1], A, pw, nrm, j + 1, s - t - 1, cur, rq, 0))
@@ -274,14 +274,14 @@ def _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, m):
 
 
 @njit(cache=True)
-def first_level_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
+def first_level_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
                       budget, stats):
-    """A proved bound (in [0, top]) over every set whose first key (mass rank) is >= k_from:
+    """A proved bound (in [0, top]) over every set whose first key (rank in the search order) is >= k_from:
     the first-level nodes' bounds, then ``budget`` key-steps of refinement (0 = none)."""
     N = A.shape[0]
     vals = np.full(N, np.inf)
     fstate = np.zeros(N, np.int64)
-    _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
+    _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
                       vals, fstate, N, np.inf, -1.0, np.zeros(1, np.int64))
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, 0)
@@ -290,12 +290,12 @@ def first_level_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, top, gamma
         for j in range(m):
             out = min(out, val[j])
         return max(out, 0.0)
-    return _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
+    return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
                    relax_iters, budget, stats)
 
 
 @njit(cache=True)
-def _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
+def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
                    relax_iters, vals, fstate, k_from):
     """The open frontier of a stopped search, each node bounded (arrays as ``_frontier``, size m),
     from the first-level bounds ``vals`` (N,; ``inf`` = not a node: covered elsewhere) and the path.
@@ -324,12 +324,12 @@ def _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, b
         for kk in range(k0 + 1, N):
             cs1[1, kk] = G[k0, kk]
         first = _node_value(1, keys_all, k0 + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
-                            gamma, mx, buf, bidx, h, zs, zc, dirn, iters)
+                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
         if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
             first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
         for t in range(1, t_cur + 1):
             k = idx[t] + (1 if t < t_cur else 0)
-            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, mx,
+            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, mx, wtop,
                             buf, bidx, h, zs, zc, dirn, iters)
             if v < best and relax_iters > 0 and N - k >= s - t:
                 v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, relax_iters))
@@ -344,11 +344,11 @@ def _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, b
     return keys, tt, kn, val, state, m
 
 
-def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
+def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
                relax_iters, budget, stats, tail_lps=TAIL_LPS):
     """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
 
-    The first-level pass runs from the lightest key down; when a node's bound falls below
+    The first-level pass runs from the last key of the search order down; when a node's bound falls below
     ``STOP_BELOW * best`` (on spread rows: a node the quick tests cannot bound), it is bounded
     along a direction from a linear program (``lp_bound.node_bound``, at most ``NODE_LPS`` per
     search, and LPs over ``LP_KEYS`` keys in all, tails included; deterministic); if still low,
@@ -372,7 +372,7 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     lp_keys = LP_KEYS  # the LPs' sizes (keys) in all: about NODE_LPS LPs at N ~ 1,000, 6 at 4,096
     left_low = np.zeros(N, dtype=np.bool_)
     while True:
-        _first_level_vals(A, pw, cum, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
+        _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
                           vals, fstate, k_to, cur0, stop if lps + nlps > 0 else -1.0, out)
         if out[0] < 0:
             break
@@ -404,7 +404,7 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
                 left_low[kz] = True
             rest = vals[kz:][~left_low[kz:]]
             k_to, cur0 = kz, min(float(rest.min()) if rest.size else np.inf, v_tail)
-    keys, tt, kn, val, state, m = _open_frontier(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
+    keys, tt, kn, val, state, m = _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                                                  bs, cs, best, gamma, iters, relax_iters, vals, fstate, k_from)
     if k_tail < N and v_tail < best and m < keys.shape[0]:
         keys[m] = 0
@@ -416,7 +416,7 @@ def open_bound(A, pw, cum, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, c
     if budget <= 0.0 or s == 1:
         live = val[:m][state[:m] >= 0]
         return max(min(float(best), float(live.min()) if live.size else np.inf), 0.0)
-    return _refine(A, pw, cum, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
+    return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
                    relax_iters, budget, stats)
 
 

@@ -1,6 +1,6 @@
 """Node bounds whose direction comes from a linear program: low first-level nodes, the tail (issue 15).
 
-A stopped search leaves open every set whose first key (mass rank) is ``>= k_from``. The frontier
+A stopped search leaves open every set whose first key (rank in the search order) is ``>= k_from``. The frontier
 covers them by the first-level nodes ``{k}``, one bound each; on spread rows hundreds of those are
 near 0 and the minimum stays 0. But all the sets whose keys are all ``>= k`` form one node, the
 *tail* ``(T = {}, R = k..N-1)``, and its continuous relaxation ``min_X ||sum_R x_j a_j||`` over

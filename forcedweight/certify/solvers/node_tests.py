@@ -2,15 +2,16 @@
 and the key exclusion they allow.
 
 A node is a partial set ``T`` (``y_T = sum_T a_i``, ``w_T = p(T)``; level ``t = |T|``) plus its
-candidate keys ``R = L[p0:ln]`` (increasing indices, i.e. sorted by mass, descending), from which
-``r = s - t`` keys remain to be chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can
+candidate keys ``R = L[p0:ln]`` (increasing indices: the search's order, ``bnb.search_order``), from
+which ``r = s - t`` keys remain to be chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can
 have ``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstring);
 ``_node_value`` turns it into a proved lower bound by bisection on ``lam``; ``_exclude`` drops the
 candidates that no completion with ``E < lam`` can hold (reduced-cost fixing with the test's
 direction). Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
 ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix, ``lo``/``hi`` box tables, ``ys`` (levels, d),
 ``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, j] = <y_T, a_j>`` from Gram rows, needed for
-the candidates), ``mx`` (N + 1,) suffix maxima of ``nrm``; scratch ``buf``, ``bidx``, ``h``, ``zs``,
+the candidates), ``mx`` (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1) suffix mass tops
+(``mass_tops``; ``wtop[j, 1]`` is the largest mass from key j on); scratch ``buf``, ``bidx``, ``h``, ``zs``,
 ``zc``, ``dirn`` (``node_scratch``).
 """
 
@@ -87,6 +88,39 @@ def suffix_max(nrm):
     return mx
 
 
+@njit(cache=True)
+def mass_tops(pw, s):
+    """(N + 1, s + 1) array: ``wtop[j, r]`` = the sum of the r largest masses among keys ``j..N-1``
+    (fewer when fewer are left; row N and column 0 are 0). It bounds the kept mass of a node's
+    completions (the mass test) and, with ``r = 1``, the mass of any later key (the early stops),
+    in any key order."""
+    N = pw.shape[0]
+    wtop = np.zeros((N + 1, s + 1))
+    top = np.zeros(max(s, 1))
+    n = 0
+    for j in range(N - 1, -1, -1):
+        x = pw[j]
+        # insert x into the descending list of the s largest
+        if n < s:
+            pos = n
+            n += 1
+        elif x > top[s - 1]:
+            pos = s - 1
+        else:
+            pos = -1
+        if pos >= 0:
+            while pos > 0 and top[pos - 1] < x:
+                top[pos] = top[pos - 1]
+                pos -= 1
+            top[pos] = x
+        acc = 0.0
+        for r in range(1, s + 1):
+            if r <= n:
+                acc += top[r - 1]
+            wtop[j, r] = acc
+    return wtop
+
+
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
 
 
@@ -137,20 +171,20 @@ def _h_at(kk, G, zs, zc, nzl):
 
 
 @njit(cache=True)
-def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, buf,
-                bidx, h, zs, zc, nref, theta, decay, dirn):
+def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, wtop,
+                buf, bidx, h, zs, zc, nref, theta, decay, dirn):
     """True when node (T = level t, candidates ``R = L[p0:ln]``) may contain a set with E < lam.
 
-    ``L`` holds key indices in increasing order (the search's mass order); a range node ``R = k..N-1``
-    is ``(keys, k, N)`` with ``keys = arange(N)`` from ``node_scratch``. The box bound is that of
-    all keys ``>= L[p0]`` (a superset of R, so still a bound).
+    ``L`` holds key indices in increasing order (the search's order); a range node ``R = k..N-1``
+    is ``(keys, k, N)`` with ``keys = arange(N)`` from ``node_scratch``. The box and mass bounds are
+    those of all keys ``>= L[p0]`` (a superset of R, so still bounds).
 
-    The r smallest of ``g_kk = <a_kk, u> - lam p_kk`` over R are found by a scan in mass order that
-    stops at the first kk where ``buf[r - 1] <= -(c mx[kk] + lam p_kk)`` (``mx = suffix_max(nrm)``,
-    ``c`` >= 1 + the relative error of ``<a_kk, u>``): no later key can enter, since
-    ``g >= -||a|| - lam p`` and the masses descend. The sum and the keys found are those of the
-    full scan, so the test (and the search) is unchanged; on long rows, where most keys are light,
-    a scan reads a small share of R. Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc``
+    The r smallest of ``g_kk = <a_kk, u> - lam p_kk`` over R are found by a scan in the search's
+    order that stops at the first kk where ``buf[r - 1] <= -(c mx[kk] + lam wtop[kk, 1])``
+    (``mx = suffix_max(nrm)``, ``c`` >= 1 + the relative error of ``<a_kk, u>``): no later key can
+    enter, since ``g >= -||a|| - lam p`` and both maxima are over the keys from kk on. The sum and
+    the keys found are those of the full scan, so the test (and the search) is unchanged; in the
+    search's order (norms descending) a scan reads a small share of R on long rows. Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc``
     (nref * s,) (the supergradient steps' keys and coefficients, so ``h`` is filled only as far
     as a scan reads). When the node passes after the projection test, ``dirn`` (DIRN,) holds its
     last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
@@ -161,9 +195,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     if ln - p0 < r:
         return False
     k = L[p0]
-    wmax = ws[t]
-    for i in range(p0, p0 + r):
-        wmax += pw[L[i]]
+    wmax = ws[t] + wtop[k, r]
     if wmax <= 0.0:
         return False
     if use_box:
@@ -194,7 +226,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
     for i in range(p0, ln):
         kk = L[i]
-        if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
+        if n == r and buf[r - 1] <= -(c * mx[kk] + lp * wtop[kk, 1]):
             break
         n = _insert((cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk], kk, n, r, buf, bidx)
         h[kk] = 0.0
@@ -256,7 +288,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         n = 0
         for i in range(p0, ln):
             kk = L[i]
-            if n == r and buf[r - 1] <= -(c * mx[kk] + lp * pw[kk]):
+            if n == r and buf[r - 1] <= -(c * mx[kk] + lp * wtop[kk, 1]):
                 break
             if i >= hv:
                 h[kk] = _h_at(kk, G, zs, zc, nz)
@@ -286,7 +318,7 @@ def _among(kk, bidx, m):
 
 
 @njit(cache=True)
-def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn):
+def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn):
     """Drop from ``L[p0:ln]`` (in place, order kept) every key in no completion with E < lam;
     returns the new end. Valid after ``_node_lb_ok`` passed this node with ``dirn[0] == 1``.
 
@@ -296,8 +328,9 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn):
     Where that is >= 0, ``||y_S|| >= <y_S, u> >= lam w_S`` for every such S: j is dropped (for this
     node's subtree and every later sibling, whose candidates are a subset). Only the keys the scans
     read are evaluated (their sums ``h`` are at hand; on long rows the rest are light keys, whose
-    evaluation cost more than it saved); from the first key where ``base >= c mx[kk] + lam p_kk``
-    (``g >= -||a|| - lam p``) on, none can stay but the r - 1 smallest.
+    evaluation cost more than it saved); from the first key where
+    ``base >= c mx[kk] + lam wtop[kk, 1]`` (``g >= -||a|| - lam p``) on, none can stay but the
+    r - 1 smallest.
     """
     r = s - t
     if dirn[0] != 1.0 or r < 2:
@@ -314,7 +347,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn):
     j = p0
     for i in range(p0, ln):
         kk = L[i]
-        if base >= c * mx[kk] + lp * pw[kk]:  # no key from here on can stay
+        if base >= c * mx[kk] + lp * wtop[kk, 1]:  # no key from here on can stay
             for i2 in range(i, ln):
                 if _among(L[i2], bidx, r - 1):
                     L[j] = L[i2]
@@ -332,8 +365,8 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, buf, bidx, h, dirn):
 
 
 @njit(cache=True)
-def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, buf,
-                bidx, h, zs, zc, dirn, iters):
+def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, wtop,
+                buf, bidx, h, zs, zc, dirn, iters):
     """A proved lower bound on E over node (level t, candidates ``L[p0:ln]``), capped at ``top``.
 
     ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
@@ -341,14 +374,14 @@ def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     there, 0 when nothing is).
     """
     if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
-                       buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
+                       wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
         return top
     lo_l = 0.0
     hi_l = top
     for _ in range(iters):
         mid = 0.5 * (lo_l + hi_l)
         if _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, mx,
-                       buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
+                       wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
             hi_l = mid
         else:
             lo_l = mid
