@@ -88,37 +88,16 @@ def suffix_max(nrm):
     return mx
 
 
-@njit(cache=True)
 def mass_tops(pw, s):
     """(N + 1, s + 1) array: ``wtop[j, r]`` = the sum of the r largest masses among keys ``j..N-1``
-    (fewer when fewer are left; row N and column 0 are 0). It bounds the kept mass of a node's
-    completions (the mass test) and, with ``r = 1``, the mass of any later key (the early stops),
-    in any key order."""
+    (fewer when fewer are left; row N and column 0 are 0): the box tables' upper sums of the one
+    column ``pw``. It bounds the kept mass of a node's completions (the mass test) and, with
+    ``r = 1``, the mass of any later key (the early stops), in any key order."""
     N = pw.shape[0]
-    wtop = np.zeros((N + 1, s + 1))
-    top = np.zeros(max(s, 1))
-    n = 0
-    for j in range(N - 1, -1, -1):
-        x = pw[j]
-        # insert x into the descending list of the s largest
-        if n < s:
-            pos = n
-            n += 1
-        elif x > top[s - 1]:
-            pos = s - 1
-        else:
-            pos = -1
-        if pos >= 0:
-            while pos > 0 and top[pos - 1] < x:
-                top[pos] = top[pos - 1]
-                pos -= 1
-            top[pos] = x
-        acc = 0.0
-        for r in range(1, s + 1):
-            if r <= n:
-                acc += top[r - 1]
-            wtop[j, r] = acc
-    return wtop
+    lo = np.zeros((N + 1, s + 1, 1))
+    hi = np.zeros((N + 1, s + 1, 1))
+    _box_tables(np.ascontiguousarray(pw, dtype=np.float64).reshape(N, 1), s, lo, hi)
+    return np.ascontiguousarray(hi[:, :, 0])
 
 
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
