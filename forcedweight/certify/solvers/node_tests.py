@@ -163,9 +163,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     (``mx = suffix_max(nrm)``, ``c`` >= 1 + the relative error of ``<a_kk, u>``): no later key can
     enter, since ``g >= -||a|| - lam p`` and both maxima are over the keys from kk on. The sum and
     the keys found are those of the full scan, so the test (and the search) is unchanged; in the
-    search's order (norms descending) a scan reads a small share of R on long rows. Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc``
-    (nref * s,) (the supergradient steps' keys and coefficients, so ``h`` is filled only as far
-    as a scan reads). When the node passes after the projection test, ``dirn`` (DIRN,) holds its
+    search's order (norms descending) a scan reads a small share of R on long rows.
+    Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc`` (nref * s,) (the supergradient steps'
+    keys and coefficients, so ``h`` is filled only as far as a scan reads). When the node passes after the projection test, ``dirn`` (DIRN,) holds its
     last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
     """
     N, d = A.shape
