@@ -77,3 +77,32 @@ def test_multistart_valid_deterministic_and_reaches_small_optima():
         best = min(op.forced_error(p, V, np.array(S)) for S in combinations(range(n), s))
         out = multistart_search(A, pw, G, s, 2e5, 0)
         assert op.forced_error(p, V, out) <= best * (1 + 1e-12)
+
+
+def test_windowed_starts_lie_in_a_mass_window_and_reach_small_optima():
+    from forcedweight.core.kick_search import multistart_search
+
+    p, V = _row(400, 16, 11, sigma=2.0)
+    A, pw, G = _arrays(p, V)
+    # window 0 (or >= N) is the uniform draw: the same random stream, the same result
+    uniform = multistart_search(A, pw, G, 8, 3e6, 5)
+    assert np.array_equal(uniform, multistart_search(A, pw, G, 8, 3e6, 5, 0))
+    assert np.array_equal(uniform, multistart_search(A, pw, G, 8, 3e6, 5, 400))
+    a = multistart_search(A, pw, G, 8, 3e6, 5, 32)
+    assert np.array_equal(a, multistart_search(A, pw, G, 8, 3e6, 5, 32))
+    assert a.shape == (8,) and np.unique(a).size == 8 and a.min() >= 0 and a.max() < 400
+    # a budget of one scan allows one swap: 7 of the 8 keys are still the start's, which all lie
+    # within 32 consecutive keys of the mass order (masses descending, ties to the lower index)
+    rank = np.empty(400, np.int64)
+    rank[np.argsort(-pw, kind="stable")] = np.arange(400)
+    for seed in range(20):
+        r = np.sort(rank[multistart_search(A, pw, G, 8, 1.0, seed, 32)])
+        spans = [r[i + 6] - r[i] for i in range(2)]  # 7 of the 8, in order
+        assert min(spans) < 32
+    for seed in range(6):
+        n, s = 14, 5
+        p, V = _row(n, 3, 300 + seed)
+        A, pw, G = _arrays(p, V)
+        best = min(op.forced_error(p, V, np.array(S)) for S in combinations(range(n), s))
+        out = multistart_search(A, pw, G, s, 2e5, 0, 2 * s)
+        assert op.forced_error(p, V, out) <= best * (1 + 1e-12)

@@ -56,8 +56,8 @@ import numpy as np
 from numba import njit
 
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RESTART_AFTER, kick_search,
-                                           multistart_search)
+from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RESTART_AFTER, RESTART_WINDOW,
+                                           kick_search, multistart_search)
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
@@ -264,8 +264,13 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             restarts = phases.pop(0)[1]
             start_set = bestset.astype(np.int64)
             if restarts:
+                # uniform starts, then starts among keys of comparable mass (each kick_work)
                 restart = multistart_search(A, pw, G, s, float(kick_work), 0)
                 e_restart = _set_error(A, pw, restart)
+                windowed = multistart_search(A, pw, G, s, float(kick_work), 0, RESTART_WINDOW * s)
+                e_windowed = _set_error(A, pw, windowed)
+                if e_windowed < e_restart:
+                    restart, e_restart = windowed, e_windowed
                 restart_gain = e_restart < best[0]
                 if not restart_gain:
                     continue
