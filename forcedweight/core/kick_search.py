@@ -210,4 +210,5 @@ def multistart_search(A, pw, G, s, work, seed, window=0):
     return np.sort(best)
 
 
-__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "RESTART_AFTER", "RESTART_WINDOW", "kick_search", "multistart_search"]
+__all__ = ["KICK_AFTER", "KICK_SIZE", "KICK_WORK", "RESTART_AFTER", "RESTART_WINDOW", "kick_search",
+           "multistart_search"]
