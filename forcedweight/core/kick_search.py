@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from forcedweight.core.operator import rank_order
+
 KICK_WORK = 5e7  # default budget in pair evaluations (~0.25 s at N = 1024, s = 8, one core; BENCHMARKS.md, issue 15)
 KICK_AFTER = 5000  # the branch and bound runs the kicks only when not done after this many nodes
 RESTART_AFTER = 20_000  # ... and the random restarts after this many (N ~ 4,096: rows proved in ~7,000 nodes
@@ -146,7 +148,6 @@ def kick_search(A, pw, G, start, work, kick, seed):
     return np.sort(best)
 
 
-@njit(cache=True)
 def multistart_search(A, pw, G, s, work, seed, window=0):
     """The best local minimum of 1-swap descents from random s-sets, within ``work``.
 
@@ -158,9 +159,9 @@ def multistart_search(A, pw, G, s, work, seed, window=0):
         start is descended, and a descent is cut where the budget ends.
     seed : int, the random stream (``np.random.seed`` inside Numba).
     window : 0 (default) draws each start uniformly from all keys; ``window = W > 0`` draws it from
-        W consecutive keys of the mass order (masses descending, ties to the lower index), the
-        window's place drawn uniformly for each start (``W`` is raised to s and capped at N). The
-        descents always swap over all keys.
+        W consecutive keys of the mass order (``operator.rank_order(pw)``: descending, ties to the
+        lower index), the window's place drawn uniformly for each start (``W`` is raised to s and
+        capped at N). The descents always swap over all keys.
 
     Returns
     -------
@@ -174,13 +175,17 @@ def multistart_search(A, pw, G, s, work, seed, window=0):
     above it, the windowed ones within 0.4 % (BENCHMARKS.md, issue 15).
     """
     N = pw.shape[0]
-    np.random.seed(seed)
     if window <= 0 or window >= N:
-        W = N
-        by_mass = np.arange(N)
-    else:
-        W = max(window, s)
-        by_mass = np.argsort(-pw, kind="mergesort")
+        return _multistart(A, pw, G, s, work, seed, np.arange(N, dtype=np.int64), N)
+    return _multistart(A, pw, G, s, work, seed, rank_order(pw).astype(np.int64), max(int(window), s))
+
+
+@njit(cache=True)
+def _multistart(A, pw, G, s, work, seed, keys, W):
+    """``multistart_search`` with each start drawn from ``W`` consecutive entries of ``keys`` (N,)
+    (all of them when ``W = N``: the uniform draw, one random number per key drawn)."""
+    N = pw.shape[0]
+    np.random.seed(seed)
     in_set = np.zeros(N, np.bool_)
     c = np.empty(N)
     best = np.zeros(s, np.int64)
@@ -194,7 +199,7 @@ def multistart_search(A, pw, G, s, work, seed, window=0):
         lo = 0 if W == N else np.random.randint(0, N - W + 1)
         a = 0
         while a < s:
-            j = by_mass[lo + np.random.randint(0, W)] if W < N else np.random.randint(0, N)
+            j = keys[lo + np.random.randint(0, W)]
             if not in_set[j]:
                 in_set[j] = True
                 cur[a] = j

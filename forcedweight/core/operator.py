@@ -147,8 +147,9 @@ def single_key_errors(p: np.ndarray, V: np.ndarray) -> np.ndarray:
 def rank_order(score: np.ndarray) -> np.ndarray:
     """Indices of a (N,) score from largest to smallest, ties to the lower index: THE tie rule.
 
-    Every "keep the top s" in the package (top-mass, selectors, pools, solvers' branching order,
-    deploy policies) ranks with this order, so equal scores always resolve the same way.
+    Every "keep the top s" in the package (top-mass, selectors, pools, the restarts' mass windows,
+    deploy policies) ranks with this order, so equal scores always resolve the same way (the branch
+    and bound's key order, ``bnb.search_order``, ranks by norm and breaks its ties by mass, then index).
     """
     score = np.asarray(score, dtype=np.float64)
     return np.lexsort((np.arange(score.shape[0]), -score))
