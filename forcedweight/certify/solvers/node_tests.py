@@ -165,8 +165,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     the keys found are those of the full scan, so the test (and the search) is unchanged; in the
     search's order (norms descending) a scan reads a small share of R on long rows.
     Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc`` (nref * s,) (the supergradient steps'
-    keys and coefficients, so ``h`` is filled only as far as a scan reads). When the node passes after the projection test, ``dirn`` (DIRN,) holds its
-    last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
+    keys and coefficients, so ``h`` is filled only as far as a scan reads). When the node passes
+    after the projection test, ``dirn`` (DIRN,) holds its last direction for ``_exclude``
+    (``dirn[0] = 1``; 0 when there is none).
     """
     N, d = A.shape
     r = s - t
