@@ -18,7 +18,7 @@ def certify(
     solver: str = typer.Option("auto", "--solver", help="auto (mitm on integral 1-D rows, else bnb), bnb, scip, cpsat or none."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="Solver seconds per (row, s)."),
     node_limit: Optional[int] = typer.Option(None, "--node-limit", help="Cap on bnb search nodes per (row, s): statuses and bounds reproducible on any machine (with a --time-limit not reached first)."),
-    refine_work: float = typer.Option(5e8, "--refine-work", help="Budget (key-steps, deterministic) for refining the lower bound of a row the search left open; runs after the limit (about 1 s per open row at the default, 6-7 s at 2e9); 0 = off."),
+    refine_work: float = typer.Option(5e8, "--refine-work", help="Budget (key-steps, deterministic) for refining the lower bound of a row the search left open; runs after the limit (about 1 s per open row at N ~ 1,000 at the default, 6-7 s at 2e9; at N ~ 4,096 an open row takes 15-35 s in all at a 10 s limit); 0 = off."),
     workers: int = typer.Option(1, "--workers", help="Local worker processes."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Record bad rows as status=invalid instead of stopping."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (runs the shards there)."),

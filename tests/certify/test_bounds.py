@@ -189,6 +189,40 @@ def test_split_first_level_bounds_stay_below_brute_force(seed, n, d, peak, nodes
     assert rb >= root_bound(p, V, s, refine_work=0) and rb <= _ceil(opt, p, V, s)
 
 
+def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
+    """The refinement of a stopped search gets ``bnb.refine_relax_iters(N, relax_iters)`` relaxation
+    steps: ``relax_iters`` below ``LONG_ROWS`` keys, 0 from there on (LONG_ROWS forced down to 10 here,
+    so small rows take the long-row path); either way its bounds stay <= the brute-force optimum."""
+    import forcedweight.certify.solvers.bnb as bnb
+    import forcedweight.certify.solvers.frontier as fr
+    from forcedweight.certify.solvers.bounds import RELAX_ITERS
+
+    assert bnb.refine_relax_iters(bnb.LONG_ROWS - 1, 150) == 150 and bnb.refine_relax_iters(bnb.LONG_ROWS, 150) == 0
+    seen = []
+    real = fr._refine
+
+    def spy(*args):
+        seen.append(args[18])  # _refine's relax_iters
+        return real(*args)
+
+    monkeypatch.setattr(fr, "_refine", spy)
+    for long_from, expect in ((bnb.LONG_ROWS, RELAX_ITERS), (10, 0)):
+        monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
+        stopped = 0
+        for seed in range(8):
+            p, V = _pv(seed, 13, 3, 1.0)
+            s = 3 + seed % 3
+            opt, _ = brute_force_best(p, V, s)
+            seen.clear()
+            res = solve_bnb(p, V, s, node_limit=4, time_limit=60.0)
+            assert 0.0 <= res.lower_bound <= _ceil(opt, p, V, s)
+            assert 0.0 <= root_bound(p, V, s) <= _ceil(opt, p, V, s)
+            if not res.proved:
+                stopped += 1
+                assert seen == [expect]
+        assert stopped >= 4  # the refinement ran (searches stopped by the node limit)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n=st.integers(4, 12), d=st.integers(1, 8),
        peak=st.sampled_from([0.3, 1.0, 2.5]), relax=st.sampled_from([0, 150]),

@@ -307,7 +307,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             cs[t + 1] = cs[t] + G[idx[t]]
         lb = float(open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
-                              int(tail_lps)))
+                              int(tail_lps), refine_relax_iters(N, int(relax_iters))))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
@@ -364,4 +364,18 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
     if s == p.shape[0]:
         return e_top
     return float(first_level_bound(A_, pw, wtop, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS,
-                                   int(relax_iters), float(refine_work), np.zeros(6, dtype=np.int64)))
+                                   int(relax_iters), float(refine_work), np.zeros(len(REFINE_STATS), dtype=np.int64),
+                                   refine_relax_iters(p.shape[0], int(relax_iters))))
+
+
+def refine_relax_iters(n_keys: int, relax_iters: int) -> int:
+    """The relaxation steps of the bound refinement (``frontier._refine``) on a row of ``n_keys`` keys:
+    ``relax_iters`` below ``LONG_ROWS`` keys, 0 (split and test only) from there on.
+
+    A relaxation step costs O((N - k) d) key-steps, so on long rows the default budget bought 1-4 relaxed
+    nodes and no split, leaving the bound where the first-level pass had it; without the relaxation the same
+    budget splits 10-140 nodes (tests with early-stopped scans). On 18 open rows of N ~ 3,400-7,750
+    (BENCHMARKS.md, issue 15) the bound rose on 8 and fell on none. Below LONG_ROWS the relaxation is kept
+    (on layer-0 rows of N ~ 230 the bound fell without it).
+    """
+    return int(relax_iters) if n_keys < LONG_ROWS else 0

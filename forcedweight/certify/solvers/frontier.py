@@ -13,8 +13,11 @@ children ``T + {j}`` (j >= its next key; the rest from keys > j), each bounded b
 and the quick relaxation, and never below its parent's bound (a child's sets are the parent's).
 Children proved >= the incumbent are dropped. A node with one key to go is split into its leaves,
 whose values are exact (rounded down). Every step keeps the frontier a cover of the open sets,
-so its minimum stays a proof whatever the budget. Costs are counted in key-steps (one test or
-one FISTA step over the ``N - k`` keys of a node), so a run is deterministic.
+so its minimum stays a proof whatever the budget. Costs are counted in key-steps (``N - k`` for one
+test over the keys of a node, ``2 d (N - k)`` for one FISTA step), so a run is deterministic. On rows
+of ``LONG_ROWS`` keys or more the refinement runs without the relaxation (``bnb.refine_relax_iters``):
+at N ~ 4,000 and d = 64 one node's full relaxation costs a third of the default budget, and
+splitting nodes instead raises the bound further.
 
 Frontier arrays (capacity M): ``keys`` (M, s) int32 (row j of a node: its ``tt[j]`` fixed keys),
 ``tt`` (M,) level, ``kn`` (M,) next key, ``val`` (M,) bound, ``state`` (M,) int64:
@@ -275,9 +278,10 @@ def _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, m):
 
 @njit(cache=True)
 def first_level_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
-                      budget, stats):
+                      budget, stats, refine_relax):
     """A proved bound (in [0, top]) over every set whose first key (rank in the search order) is >= k_from:
-    the first-level nodes' bounds, then ``budget`` key-steps of refinement (0 = none)."""
+    the first-level nodes' bounds (relaxation ``relax_iters``), then ``budget`` key-steps of refinement
+    (0 = none; relaxation ``refine_relax``, see ``open_bound``)."""
     N = A.shape[0]
     vals = np.full(N, np.inf)
     fstate = np.zeros(N, np.int64)
@@ -291,7 +295,7 @@ def first_level_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
             out = min(out, val[j])
         return max(out, 0.0)
     return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
-                   relax_iters, budget, stats)
+                   refine_relax, budget, stats)
 
 
 @njit(cache=True)
@@ -345,7 +349,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
 
 
 def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
-               relax_iters, budget, stats, tail_lps=TAIL_LPS):
+               relax_iters, budget, stats, tail_lps=TAIL_LPS, refine_relax=None):
     """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
 
     The first-level pass runs from the last key of the search order down; when a node's bound falls below
@@ -357,7 +361,9 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     ``tail_lps = 0`` turns off the node LPs too; ``stats[6]`` = the tail's first key, -1 for
     none), and the pass goes on below the tail, moving the tail's start down again at the next
     such node. Then the open frontier
-    (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``).
+    (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``), whose
+    relaxation steps are ``refine_relax`` (default ``relax_iters``; 0 = its nodes are only split and
+    tested: ``bnb.refine_relax_iters`` turns it off on long rows).
     """
     N = A.shape[0]
     k_from = int(idx[0] if t_cur == 0 else idx[0] + 1)
@@ -417,7 +423,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         live = val[:m][state[:m] >= 0]
         return max(min(float(best), float(live.min()) if live.size else np.inf), 0.0)
     return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
-                   relax_iters, budget, stats)
+                   relax_iters if refine_relax is None else int(refine_relax), budget, stats)
 
 
 __all__ = ["first_level_bound", "open_bound", "REFINE_STATS", "REFINE_WORK"]
