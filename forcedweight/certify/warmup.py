@@ -16,7 +16,7 @@ from forcedweight.certify.enumerate import enumerate_best
 from forcedweight.certify.pool import bnb_in_pool, candidate_pool
 from forcedweight.certify.solvers.bnb import root_bound, solve_bnb
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import KICK_SIZE, RESTART_WINDOW, kick_search, multistart_search
+from forcedweight.core.kick_search import KICK_SIZE, kick_search, multistart_search
 from forcedweight.core.swaps import swap_search
 
 _DONE = False
@@ -42,7 +42,6 @@ def warm_up(force: bool = False) -> bool:
     A = op.centred_contributions(p, V)
     kick_search(A, p, A @ A.T, np.arange(4, dtype=np.int64), 2000.0, KICK_SIZE, 0)
     multistart_search(A, p, A @ A.T, 4, 2000.0, 0)
-    multistart_search(A, p, A @ A.T, 4, 2000.0, 0, 4 * RESTART_WINDOW)
     for s in (1, 4):
         solve_bnb(p, V, s, node_limit=30, time_limit=60.0)  # stopped: open bound
     solve_bnb(p[:10], V[:10], 3, time_limit=60.0)  # proved

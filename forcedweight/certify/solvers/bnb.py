@@ -307,7 +307,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             cs[t + 1] = cs[t] + G[idx[t]]
         lb = float(open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
-                              int(tail_lps), refine_relax_iters(N, int(relax_iters))))
+                              refine_relax_iters(N, int(relax_iters)), int(tail_lps)))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),

@@ -349,7 +349,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
 
 
 def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
-               relax_iters, budget, stats, tail_lps=TAIL_LPS, refine_relax=None):
+               relax_iters, budget, stats, refine_relax, tail_lps=TAIL_LPS):
     """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
 
     The first-level pass runs from the last key of the search order down; when a node's bound falls below
@@ -362,8 +362,8 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     none), and the pass goes on below the tail, moving the tail's start down again at the next
     such node. Then the open frontier
     (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``), whose
-    relaxation steps are ``refine_relax`` (default ``relax_iters``; 0 = its nodes are only split and
-    tested: ``bnb.refine_relax_iters`` turns it off on long rows).
+    relaxation steps are ``refine_relax`` (0 = its nodes are only split and tested;
+    ``bnb.refine_relax_iters`` gives 0 on long rows, ``relax_iters`` below).
     """
     N = A.shape[0]
     k_from = int(idx[0] if t_cur == 0 else idx[0] + 1)
@@ -423,7 +423,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         live = val[:m][state[:m] >= 0]
         return max(min(float(best), float(live.min()) if live.size else np.inf), 0.0)
     return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
-                   relax_iters if refine_relax is None else int(refine_relax), budget, stats)
+                   int(refine_relax), budget, stats)
 
 
 __all__ = ["first_level_bound", "open_bound", "REFINE_STATS", "REFINE_WORK"]
