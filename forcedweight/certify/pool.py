@@ -10,8 +10,9 @@ minimum of E over the s-subsets of that pool (``enumerate.enumerate_best``; ``po
 ``C(pool, s) > max_subsets`` (s = 32: pools of 40-52 keys) the pool optimum comes from the
 branch and bound restricted to the pool keys (``solve_bnb`` on ``p`` and the contributions
 ``a_i = p_i (v_i - mu)`` of the pool rows, ``mu`` of the FULL row), with a node limit
-(deterministic). Only when that search is not proved within ``node_limit`` nodes is the pool
-shrunk and enumerated as above.
+(deterministic), started from the pool's top-mass set polished by 1-swaps. Only when that search is
+not proved within ``node_limit`` nodes is the pool shrunk and enumerated as above; its unproved set
+stays a candidate when it beats the shrunk pool's optimum.
 """
 
 from __future__ import annotations
@@ -126,12 +127,14 @@ def pool_optimum(p, V, s: int, pool_mass: int = 12, pool_error: int = 8, max_sub
         pool = pool_for(p, V, s, pool_mass, pool_error, max_subsets)
         value, best = best_in_pool(p, V, pool, s)
         return pool, value, best, None
-    # the shrunk pool's optimum (cheap) is the pool bnb's warm start
+    # The bnb first, from its own (1-swap polished top-mass) start: on real SmolLM2 rows at s = 32 it
+    # proves the configured pool in 63-16,000 nodes (< 0.3 s), while enumerating the shrunk pool (the
+    # warm start before) took 0.15-0.2 s on every row and saved at most a few % of the nodes.
+    proved, v_full, b_full = bnb_in_pool(p, V, full, s, node_limit)
+    if proved:
+        return full, float(v_full), b_full, None
     pool = pool_for(p, V, s, pool_mass, pool_error, max_subsets)
     value, best = best_in_pool(p, V, pool, s)
-    proved, v_full, b_full = bnb_in_pool(p, V, full, s, node_limit, incumbent=best)
-    if proved:
-        return full, float(v_full), b_full, None  # <= the warm start: a subset of the full pool
     return pool, value, best, (b_full if v_full < value else None)
 
 

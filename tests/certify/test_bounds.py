@@ -113,6 +113,21 @@ def test_pool_optimum_keeps_the_configured_pool_at_s32():
     assert cand is None or op.forced_error(p, V, cand) < v_shrunk
 
 
+def test_pool_optimum_enumerates_only_when_the_pool_bnb_is_not_proved(monkeypatch):
+    import forcedweight.certify.pool as pool_mod
+
+    p, V = _pv(7, 120, 64, 1.0)
+    s = 32
+    calls = []
+    real = pool_mod.best_in_pool
+    monkeypatch.setattr(pool_mod, "best_in_pool", lambda *a: calls.append(a) or real(*a))
+    pool, value, best, extra = pool_optimum(p, V, s, node_limit=2_000_000)
+    assert pool.size == candidate_pool(p, V, s).size and extra is None and not calls
+    assert value == op.forced_error(p, V, best)
+    pool_optimum(p, V, s, node_limit=1)  # out of nodes at once: the shrunk pool is enumerated
+    assert len(calls) == 1
+
+
 def test_proof_gap():
     assert proof_gap(2.0, 2.0) == 0.0 and proof_gap(2.0, 0.0) == 1.0 and proof_gap(2.0, 0.5) == 0.75
     assert proof_gap(0.0, 0.0) == 0.0
