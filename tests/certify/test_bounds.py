@@ -268,10 +268,43 @@ def test_refined_node_bound_is_below_the_brute_force_node_minimum(seed, n, d, pe
     keys[0, :t] = T
     tt[0], kn[0], val[0], state[0] = t, k, 0.0, 0
     lb = frontier._refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, 1, top, gamma, 30,
-                          relax, budget, np.zeros(6, np.int64))
+                          relax, budget, np.zeros(len(frontier.REFINE_STATS), np.int64))
     assert 0.0 <= lb <= exact * (1 + 1e-12) + 1e-300  # a proof (float64, relative 1e-12)
     if budget == 1e12 and np.isfinite(exact):
         assert lb >= exact * (1 - 1e-9)  # converged to the leaves
+
+
+def test_refinement_stops_early_only_when_its_bound_would_stay_zero(monkeypatch):
+    """_refine stops once the budget left cannot process every frontier node of bound 0
+    (``frontier._least_work``); the bound is then the one of the whole budget. Checked against the
+    refinement without that stop (its pure-Python form, ``_least_work`` -> 0) on rows where it fires
+    and where it does not: equal bounds, never more key-steps."""
+    from forcedweight.certify.solvers import bnb, frontier as fr
+
+    compiled_refine = fr._refine
+    fired = positive = 0
+    for seed in range(8):
+        p, V = _pv(seed, 60, 2, [0.3, 1.0, 2.0, 3.0][seed % 4])
+        s = 4
+        A0 = op.centred_contributions(p, V)
+        A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, bnb.search_order(A0, p), s)
+        top = bnb._set_error(A0, p, op.top_mass_set(p, s))
+        for budget in (3e4, 3e5):
+            args = (A, pw, wtop, nrm, G, lo, hi, use_box, s, 0, top, gamma, 30, 0, budget)
+            stop = np.zeros(len(fr.REFINE_STATS), np.int64)
+            v = fr.first_level_bound(*args, stop, 0)
+            with monkeypatch.context() as mp:
+                mp.setattr(fr, "_refine", compiled_refine.py_func)
+                mp.setattr(fr, "_least_work", lambda *a: 0.0)
+                full = np.zeros(len(fr.REFINE_STATS), np.int64)
+                v_full = fr.first_level_bound.py_func(*args, full, 0)
+            assert v == v_full and full[7] == 0
+            assert stop[4] <= full[4]  # key-steps spent
+            fired += int(stop[7])
+            positive += int(v > 0)
+            if stop[7]:
+                assert v == 0.0 and stop[4] < full[4]
+    assert fired >= 4 and positive >= 1  # both cases were met
 
 
 def test_refine_work_option_reaches_the_solver_and_only_raises_bounds(tmp_path):

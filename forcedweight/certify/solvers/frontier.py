@@ -13,7 +13,9 @@ children ``T + {j}`` (j >= its next key; the rest from keys > j), each bounded b
 and the quick relaxation, and never below its parent's bound (a child's sets are the parent's).
 Children proved >= the incumbent are dropped. A node with one key to go is split into its leaves,
 whose values are exact (rounded down). Every step keeps the frontier a cover of the open sets,
-so its minimum stays a proof whatever the budget. Costs are counted in key-steps (``N - k`` for one
+so its minimum stays a proof whatever the budget. The minimum can rise above 0 only once every node
+of bound 0 has been processed, so the refinement stops as soon as the budget left cannot pay for that
+(``_least_work``): the result is the whole budget's (0), without spending it. Costs are counted in key-steps (``N - k`` for one
 test over the keys of a node, ``2 d (N - k)`` for one FISTA step), so a run is deterministic. On rows
 of ``LONG_ROWS`` keys or more the refinement runs without the relaxation (``bnb.refine_relax_iters``):
 at N ~ 4,000 and d = 64 one node's full relaxation costs a third of the default budget, and
@@ -39,7 +41,7 @@ STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls
 LP_KEYS = 24_000  # budget of those LPs per stopped search, in keys (an LP over N - k keys costs N - k)
 LP_MAX_KEYS = 4096  # no LP over more keys (at N ~ 8,192 each took ~2 s and raised no bound; BENCHMARKS.md)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
-                "tail_from")
+                "tail_from", "zero_stop")
 
 
 @njit(cache=True)
@@ -140,8 +142,10 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
             relax_iters, budget, stats):
     """Raise the minimum of the frontier ``[0, m)`` by best-first refinement (module docstring).
 
-    ``stats`` (6,) int64 is incremented: nodes given their full bound, nodes split, children
-    tested, children kept, key-steps spent (rounded), 1 if the frontier filled up.
+    ``stats`` (len(REFINE_STATS),) int64 is incremented: nodes given their full bound, nodes split,
+    children tested, children kept, key-steps spent (rounded), 1 if the frontier filled up; ``stats[7]``
+    = 1 when it stopped because the budget left cannot process every node of bound 0 (``_least_work``:
+    the minimum would stay 0, so the result is the one the whole budget gives).
 
     Returns the frontier's minimum bound, capped at ``top`` and >= 0 (a proof: every open set lies
     in a live node, and each live node's bound is proved).
@@ -157,10 +161,22 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     spent = 0.0
     while True:
         i = -1
+        need = 0.0  # the least work that raises every node of bound 0, and the largest such share
+        most = 0.0
         for j in range(m):
-            if state[j] >= 0 and (i < 0 or val[j] < val[i]):
-                i = j
+            if state[j] >= 0:
+                if i < 0 or val[j] < val[i]:
+                    i = j
+                if state[j] < 2 and not val[j] > 0.0:
+                    c = _least_work(N, d, s, tt[j], kn[j], state[j], iters)
+                    need += c
+                    most = max(most, c)
         if i < 0 or not val[i] < top or state[i] == 2 or spent >= budget:
+            break
+        if spent + need - most >= budget:
+            # the minimum stays 0 whatever is refined: every node of bound 0 must be processed, and the
+            # last one to start would start at spent >= budget. Stop now: the same result, less time.
+            stats[7] = 1
             break
         stats[0] += state[i] == 0
         stats[1] += state[i] == 1
@@ -237,6 +253,21 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
         if state[j] >= 0:
             out = min(out, val[j])
     return max(out, 0.0)
+
+
+@njit(cache=True)
+def _least_work(N, d, s, t, k, state, iters):
+    """The fewest key-steps ``_refine`` counts for processing a frontier node once (level t, next key k):
+    its full bound (state 0), or its split (state 1: the children's Gram sums, ``d`` per leaf).
+    Every node of bound 0 must be processed before the frontier's minimum can rise above 0."""
+    if state == 0:
+        return float((N - k) * (iters + 1) + N * t)
+    hi = N - (s - t)  # the last child's key
+    if hi < k:
+        return 0.0
+    if t + 1 == s:
+        return float(d * (hi - k + 1))
+    return 0.5 * float((N - k) + (N - hi)) * float(hi - k + 1)
 
 
 @njit(cache=True)
