@@ -15,23 +15,20 @@ run) and ES_pool(configured) / ES_pool(shrunk). Rows: ``--real`` (``bench_solver
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import numpy as np
 
 from bench_solvers import KINDS, make_row, real_rows
-from forcedweight.certify.pool import best_in_pool, candidate_pool, pool_for
-from forcedweight.certify.solvers.bnb import solve_bnb
+from forcedweight.certify.pool import best_in_pool, candidate_pool, pool_for, pool_search
 from forcedweight.certify.warmup import warm_up
 from forcedweight.core import operator as op
 
 
-def pool_bnb(p, A, pool, s, node_limit, incumbent=None):
-    """(proved, value, nodes, seconds) of the branch and bound restricted to ``pool``."""
+def pool_bnb(p, A, pool, s, node_limit, start=None):
+    """(proved, value, nodes, seconds) of ``pool.pool_search`` (what ``pool_optimum`` runs)."""
     t0 = time.perf_counter()
-    res = solve_bnb(p[pool], None, s, incumbent=incumbent, time_limit=math.inf, node_limit=node_limit,
-                    A=A[pool], relax_iters=0, refine_work=0, tail_lps=0)
+    res = pool_search(p, A, pool, s, node_limit, start)
     return bool(res.proved), res.value, int(res.info["nodes"]), time.perf_counter() - t0
 
 

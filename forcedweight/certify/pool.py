@@ -85,6 +85,15 @@ def best_in_pool(p, V, pool, s: int) -> tuple[float, np.ndarray]:
     return float(value), op.as_index(best, np.asarray(p).shape[0])
 
 
+def pool_search(p, A, pool, s: int, node_limit: int, start=None):
+    """``solve_bnb`` on the keys of ``pool`` alone: p[pool] (N,) masses, A (N, d) the FULL row's centred
+    contributions; ``start``: optional (s,) positions in ``pool`` (default its top-mass set). Returns the
+    ``SolverResult`` (its ``best_set`` in pool positions), node-limited, without the bound of a stopped
+    search (only a proof is ever used)."""
+    return solve_bnb(p[pool], None, s, incumbent=start, time_limit=math.inf, node_limit=node_limit, A=A[pool],
+                     relax_iters=0, refine_work=0, tail_lps=0)
+
+
 def bnb_in_pool(p, V, pool, s: int, node_limit: int, A=None, incumbent=None):
     """The branch and bound restricted to ``pool``: ``(proved, value, best_set)``.
 
@@ -99,8 +108,7 @@ def bnb_in_pool(p, V, pool, s: int, node_limit: int, A=None, incumbent=None):
     if A is None:
         A = op.centred_contributions(p, np.asarray(V, dtype=np.float64).reshape(p.shape[0], -1))
     start = None if incumbent is None else np.searchsorted(pool, np.asarray(incumbent, dtype=np.int64))
-    res = solve_bnb(p[pool], None, s, incumbent=start, time_limit=math.inf, node_limit=node_limit, A=A[pool],
-                    relax_iters=0, refine_work=0, tail_lps=0)  # only the proof is used, never a stopped search's bound
+    res = pool_search(p, A, pool, s, node_limit, start)
     best = np.sort(pool[res.best_set])
     return bool(res.proved), op.forced_error(p, V, best, A=A), best
 
@@ -153,4 +161,4 @@ def pool_best(p, V, s: int, pool_mass: int = 12, pool_error: int = 8,
 
 
 __all__ = ["MAX_SUBSETS", "POOL_NODE_LIMIT", "best_in_pool", "bnb_in_pool", "candidate_pool", "pool_best",
-           "pool_for", "pool_optimum"]
+           "pool_for", "pool_optimum", "pool_search"]

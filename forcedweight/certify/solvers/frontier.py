@@ -16,8 +16,9 @@ whose values are exact (rounded down). Every step keeps the frontier a cover of 
 so its minimum stays a proof whatever the budget. The minimum can rise above 0 only once every node
 of bound 0 has been processed, so the refinement stops as soon as the budget left cannot pay for that
 (``_least_work``): the result is the whole budget's (0), without spending it. Among nodes of bound 0 it
-gives full bounds before it splits (a full bound is cheap, a split dear), which shows that sooner. Costs are counted in key-steps (``N - k`` for one
-test over the keys of a node, ``2 d (N - k)`` for one FISTA step), so a run is deterministic. On rows
+gives full bounds before it splits (a full bound is cheap, a split dear), which shows that sooner.
+Costs are counted in key-steps (``N - k`` for one test over the keys of a node, ``2 d (N - k)`` for one
+FISTA step), so a run is deterministic. On rows
 of ``LONG_ROWS`` keys or more the refinement runs without the relaxation (``bnb.refine_relax_iters``):
 at N ~ 4,000 and d = 64 one node's full relaxation costs a third of the default budget, and
 splitting nodes instead raises the bound further.
@@ -166,7 +167,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
         most = 0.0
         for j in range(m):
             if state[j] >= 0:
-                if i < 0 or val[j] < val[i] or (val[j] == val[i] and not val[j] > 0.0 and state[j] < state[i]):
+                if i < 0 or val[j] < val[i] or (val[j] == val[i] == 0.0 and state[j] == 0 and state[i] == 1):
                     i = j  # (among nodes of bound 0, full bounds before splits: they show sooner what is hopeless)
                 if state[j] < 2 and not val[j] > 0.0:
                     c = _least_work(N, d, s, tt[j], kn[j], state[j], iters)
