@@ -325,3 +325,41 @@ def test_refine_work_option_reaches_the_solver_and_only_raises_bounds(tmp_path):
     assert inspect.signature(certify_cli).parameters["refine_work"].default.default == REFINE_WORK
     with pytest.raises(InputError, match="--refine-work"):
         CertifyOptions(refine_work=-1.0)
+
+
+def test_bound_deadline_cuts_only_the_optional_work():
+    """At once past its deadline (``bound_time=0``), a stopped search's bound skips the LPs and the
+    refinement but keeps the first-level pass: still a proof (<= brute force), still > 0 wherever
+    the root bound of the pass alone (no refinement) is; with a node limit and no ``bound_time``
+    there is no deadline."""
+    positive = cut_short = 0
+    for seed in range(30):
+        p, V = _pv(seed, 16, 3, 1.5)
+        s = 3 + seed % 4
+        opt, _ = brute_force_best(p, V, s)
+        rb = root_bound(p, V, s, refine_work=0)
+        for nodes in (1, 7):
+            cut = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0, bound_time=0.0)
+            free = solve_bnb(p, V, s, node_limit=nodes, time_limit=60.0)
+            if cut.proved:
+                continue
+            cut_short += cut.info["refine"]["deadline"]  # (0 when nothing was left to refine)
+            assert free.info["refine"]["deadline"] == 0
+            assert cut.info["refine"]["splits"] == cut.info["refine"]["full_bounds"] == 0
+            assert 0.0 <= cut.lower_bound <= _ceil(opt, p, V, s)
+            assert (cut.value, cut.best_set.tolist()) == (free.value, free.best_set.tolist())  # the search is the same
+            if rb > 0:
+                assert cut.lower_bound > 0.0
+                positive += 1
+    assert positive >= 5 and cut_short >= 5  # the properties were exercised
+
+
+def test_time_limited_search_gets_a_bound_deadline():
+    """Stopped by its time limit, the search's bound runs to a deadline a fifth of the limit later
+    (``bnb.BOUND_SHARE``): here 1 ms, less than the first-level pass over 1,000 keys takes, so the
+    refinement never starts; the bound is still a proof (<= the value)."""
+    p, V = _pv(3, 1000, 8, 0.3)
+    res = solve_bnb(p, V, 8, time_limit=0.005)
+    assert not res.proved and res.info["stopped_by"] == "time"
+    assert res.info["refine"]["deadline"] == 1 and res.info["refine"]["splits"] == 0
+    assert 0.0 <= res.lower_bound <= res.value

@@ -68,8 +68,11 @@ from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
 REL_TOL = 1e-9
 POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
-BOUND_ITERS = 30  # bisection steps of an open node's bound (relative precision 2**-30)
+BOUND_ITERS = 12  # bisection steps of an open node's bound (relative precision 2**-12 of its cap; 30 before:
+# with the bound's deadline, 12 steps bound more nodes in the time: on 19 open rows, N ~ 900-4,100, the
+# row's bound rose on 6 and fell on none; BENCHMARKS.md, issue 15)
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
+BOUND_SHARE = 0.2  # a search stopped by its time limit spends at most this share of it more on its bound
 
 
 def _set_error(A, pw, S) -> float:
@@ -166,7 +169,8 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
 def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
               A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK,
-              kick_work: float = KICK_WORK, tail_lps: int = TAIL_LPS, exclude: bool = True) -> SolverResult:
+              kick_work: float = KICK_WORK, tail_lps: int = TAIL_LPS, exclude: bool = True,
+              bound_time: float | None = None) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -193,6 +197,11 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         of the search order under one bound, ``lp_bound.choose_tail``; 0 = off; only the bound changes).
     exclude : drop candidates by reduced costs at every node that passes its tests
         (``node_tests._exclude``; False = the plain search over key ranges, for comparison).
+    bound_time : seconds the proved bound of a stopped search may take after it (first-level pass,
+        LPs and refinement end where they stand: ``frontier.open_bound``'s deadline). Default
+        ``BOUND_SHARE * time_limit``, so an open row takes at most about 1.2x the time limit (at
+        N ~ 4,096 the key-step budgets alone took 2-6x); with ``node_limit`` the default is no
+        deadline, so a node-limited result (bound included) is the same on any machine.
 
     Returns
     -------
@@ -305,9 +314,12 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         idx = np.array([L[t, pos[t]] if pos[t] < Ln[t] else N for t in range(s + 1)], dtype=np.int64)
         for t in range(t_cur):
             cs[t + 1] = cs[t] + G[idx[t]]
+        if bound_time is None:
+            bound_time = np.inf if node_limit is not None else BOUND_SHARE * time_limit
+        deadline = time.perf_counter() + float(bound_time)
         lb = float(open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
-                              refine_relax_iters(N, int(relax_iters)), int(tail_lps)))
+                              refine_relax_iters(N, int(relax_iters)), int(tail_lps), deadline))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),

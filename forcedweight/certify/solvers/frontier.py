@@ -30,8 +30,10 @@ Frontier arrays (capacity M): ``keys`` (M, s) int32 (row j of a node: its ``tt[j
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
-from numba import njit
+from numba import njit, objmode
 
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.lp_bound import NODE_LPS, TAIL_LPS, choose_tail, node_bound
@@ -43,7 +45,15 @@ STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls
 LP_KEYS = 24_000  # budget of those LPs per stopped search, in keys (an LP over N - k keys costs N - k)
 LP_MAX_KEYS = 4096  # no LP over more keys (at N ~ 8,192 each took ~2 s and raised no bound; BENCHMARKS.md)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
-                "tail_from", "zero_stop")
+                "tail_from", "zero_stop", "deadline")
+
+
+@njit(cache=True)
+def _clock():
+    """``time.perf_counter()`` from inside Numba (about 1 us a call): the bound's deadline checks."""
+    with objmode(t="float64"):
+        t = time.perf_counter()
+    return t
 
 
 @njit(cache=True)
@@ -54,6 +64,15 @@ def _relaxed(yT, wT, A, pw, nrm, k, r, top, relax_iters):
     if v < top and relax_iters > RELAX_QUICK:
         v = max(v, relax_bound(yT, wT, A, pw, nrm, k, r, top, relax_iters, 1))
     return v
+
+
+@njit(cache=True)
+def _relax_left(relax_iters, deadline):
+    """The relaxation steps a path node of the open frontier gets: ``relax_iters``, or only the quick
+    ones (``RELAX_QUICK``, as the first-level pass gives every node) once ``deadline`` has passed."""
+    if deadline < np.inf and _clock() >= deadline:
+        return min(RELAX_QUICK, relax_iters)
+    return relax_iters
 
 
 @njit(cache=True)
@@ -141,13 +160,14 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
 
 @njit(cache=True)
 def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
-            relax_iters, budget, stats):
+            relax_iters, budget, stats, deadline=np.inf):
     """Raise the minimum of the frontier ``[0, m)`` by best-first refinement (module docstring).
 
     ``stats`` (len(REFINE_STATS),) int64 is incremented: nodes given their full bound, nodes split,
     children tested, children kept, key-steps spent (rounded), 1 if the frontier filled up; ``stats[7]``
     = 1 when it stopped because the budget left cannot process every node of bound 0 (``_least_work``:
-    the minimum would stay 0, so the result is the one the whole budget gives).
+    the minimum would stay 0, so the result is the one the whole budget gives); ``stats[8]`` = 1 when it
+    stopped at ``deadline`` (``perf_counter`` seconds; checked before each node).
 
     Returns the frontier's minimum bound, capped at ``top`` and >= 0 (a proof: every open set lies
     in a live node, and each live node's bound is proved).
@@ -174,6 +194,9 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
                     need += c
                     most = max(most, c)
         if i < 0 or not val[i] < top or state[i] == 2 or spent >= budget:
+            break
+        if deadline < np.inf and _clock() >= deadline:
+            stats[8] = 1
             break
         if spent + need - most >= budget:
             # the minimum stays 0 whatever is refined: every node of bound 0 must be processed, and the
@@ -333,7 +356,7 @@ def first_level_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
 
 @njit(cache=True)
 def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
-                   relax_iters, vals, fstate, k_from):
+                   relax_iters, vals, fstate, k_from, deadline=np.inf):
     """The open frontier of a stopped search, each node bounded (arrays as ``_frontier``, size m),
     from the first-level bounds ``vals`` (N,; ``inf`` = not a node: covered elsewhere) and the path.
 
@@ -341,7 +364,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
     each level t < t_cur, the exclusion branch (t, idx[t] + 1). Level 0 is covered by its
     first-level children ``{k}``, k > idx[0] (k >= idx[0] when t_cur = 0); every deeper open node
     lies inside the first-level node ``{idx[0]}``, so its bound is the larger of its own and that
-    node's.
+    node's. After ``deadline`` (``perf_counter`` seconds) the relaxations are the quick ones only.
     """
     N, d = A.shape
     keys, tt, kn, val, state = _frontier(N, s)
@@ -363,13 +386,14 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
         first = _node_value(1, keys_all, k0 + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
                             gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
         if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
-            first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best, relax_iters))
+            first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best,
+                                        _relax_left(relax_iters, deadline)))
         for t in range(1, t_cur + 1):
             k = idx[t] + (1 if t < t_cur else 0)
             v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, mx, wtop,
                             buf, bidx, h, zs, zc, dirn, iters)
             if v < best and relax_iters > 0 and N - k >= s - t:
-                v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, relax_iters))
+                v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, _relax_left(relax_iters, deadline)))
             v = max(v, first)
             if v < best and m < keys.shape[0]:
                 keys[m, :t] = idx[:t]
@@ -382,7 +406,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
 
 
 def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
-               relax_iters, budget, stats, refine_relax, tail_lps=TAIL_LPS):
+               relax_iters, budget, stats, refine_relax, tail_lps=TAIL_LPS, deadline=np.inf):
     """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
 
     The first-level pass runs from the last key of the search order down; when a node's bound falls below
@@ -397,6 +421,11 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``), whose
     relaxation steps are ``refine_relax`` (0 = its nodes are only split and tested;
     ``bnb.refine_relax_iters`` gives 0 on long rows, ``relax_iters`` below).
+
+    ``deadline`` (``time.perf_counter`` seconds; ``inf`` = none, the deterministic bound) ends the optional
+    work where it stands: no LP, no full relaxation of a path node and no refinement step is started after
+    it (``stats[8] = 1``). The first-level pass always completes, so the bound is never below the pass's
+    minimum (> 0 wherever ``bnb.root_bound``'s pass is); only how far above it depends on time.
     """
     N = A.shape[0]
     k_from = int(idx[0] if t_cur == 0 else idx[0] + 1)
@@ -415,6 +444,9 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
                           vals, fstate, k_to, cur0, stop if lps + nlps > 0 else -1.0, out)
         if out[0] < 0:
             break
+        if time.perf_counter() >= deadline:  # no LP after the deadline (the pass goes on without them)
+            nlps = lps = 0
+            stats[8] = 1
         kz = int(out[0])
         if N - kz > LP_MAX_KEYS:
             lp_keys = 0
@@ -426,7 +458,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         kt = N
         starts = min(lps, lp_keys // (N - kz))
         if vals[kz] < stop and starts > 0:  # then a tail from kz or below, if it bounds the node better
-            kt, vt, used = choose_tail(A, pw, nrm, kz, k_from, s, float(best), float(vals[kz]), starts)
+            kt, vt, used = choose_tail(A, pw, nrm, kz, k_from, s, float(best), float(vals[kz]), starts, deadline)
             lps -= used
             lp_keys -= used * (N - kz)
         if lp_keys < N - kz:
@@ -444,7 +476,8 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
             rest = vals[kz:][~left_low[kz:]]
             k_to, cur0 = kz, min(float(rest.min()) if rest.size else np.inf, v_tail)
     keys, tt, kn, val, state, m = _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
-                                                 bs, cs, best, gamma, iters, relax_iters, vals, fstate, k_from)
+                                                 bs, cs, best, gamma, iters, relax_iters, vals, fstate, k_from,
+                                                 deadline)
     if k_tail < N and v_tail < best and m < keys.shape[0]:
         keys[m] = 0
         tt[m] = 0
@@ -456,7 +489,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         live = val[:m][state[:m] >= 0]
         return max(min(float(best), float(live.min()) if live.size else np.inf), 0.0)
     return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
-                   int(refine_relax), budget, stats)
+                   int(refine_relax), budget, stats, deadline)
 
 
 __all__ = ["first_level_bound", "open_bound", "REFINE_STATS", "REFINE_WORK"]

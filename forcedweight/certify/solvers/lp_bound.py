@@ -18,6 +18,8 @@ whatever the LP returns; two Dinkelbach rounds re-solve the LP at the bound foun
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import csr_matrix, hstack, identity
@@ -87,13 +89,15 @@ def tail_bound(A, pw, nrm, k: int, s: int, top: float) -> float:
     return _along_lp(A, pw, nrm, None, 0.0, k, s, top)
 
 
-def choose_tail(A, pw, nrm, kz: int, k_from: int, s: int, top: float, floor: float, max_lps: int = TAIL_LPS):
+def choose_tail(A, pw, nrm, kz: int, k_from: int, s: int, top: float, floor: float, max_lps: int = TAIL_LPS,
+                deadline: float = np.inf):
     """Where to start a tail that covers the low first-level node ``{kz}``: ``(k_tail, v_tail, tried)``.
 
     Starts ``kz, kz - 1, kz - 3, kz - 7, ...`` (down to ``k_from``, at most ``max_lps`` of them) are
     tried; a tail holds more sets the lower it starts, so its bound only falls. The lowest start whose
     bound is at least ``max(floor, b(kz) / 2)`` is returned (``floor``: the node's own bound); with
-    ``k_tail = N`` when even ``b(kz) <= floor``. ``tried``: the starts tried.
+    ``k_tail = N`` when even ``b(kz) <= floor``. ``tried``: the starts tried (no further one once
+    ``time.perf_counter()`` passes ``deadline``).
     """
     N = A.shape[0]
     if max_lps < 1 or N - kz < s:
@@ -105,7 +109,7 @@ def choose_tail(A, pw, nrm, kz: int, k_from: int, s: int, top: float, floor: flo
     best = (kz, b0)
     tried = 1
     step = 1
-    while tried < max_lps:
+    while tried < max_lps and time.perf_counter() < deadline:
         k = kz - step
         if k < k_from:
             break
