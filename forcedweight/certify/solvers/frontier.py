@@ -57,6 +57,12 @@ def _clock():
 
 
 @njit(cache=True)
+def _past(deadline):
+    """Whether ``deadline`` (``perf_counter`` seconds; ``inf`` = none, and no clock is read) has passed."""
+    return deadline < np.inf and _clock() >= deadline
+
+
+@njit(cache=True)
 def _relaxed(yT, wT, A, pw, nrm, k, r, top, relax_iters):
     """The relaxation bound, progressively: RELAX_QUICK steps first, then ``relax_iters`` steps
     and one re-aimed phase only when the quick bound is below ``top`` (the running minimum)."""
@@ -70,7 +76,7 @@ def _relaxed(yT, wT, A, pw, nrm, k, r, top, relax_iters):
 def _relax_left(relax_iters, deadline):
     """The relaxation steps a path node of the open frontier gets: ``relax_iters``, or only the quick
     ones (``RELAX_QUICK``, as the first-level pass gives every node) once ``deadline`` has passed."""
-    if deadline < np.inf and _clock() >= deadline:
+    if _past(deadline):
         return min(RELAX_QUICK, relax_iters)
     return relax_iters
 
@@ -195,7 +201,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
                     most = max(most, c)
         if i < 0 or not val[i] < top or state[i] == 2 or spent >= budget:
             break
-        if deadline < np.inf and _clock() >= deadline:
+        if _past(deadline):
             stats[8] = 1
             break
         if spent + need - most >= budget:
