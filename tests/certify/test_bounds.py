@@ -354,12 +354,27 @@ def test_bound_deadline_cuts_only_the_optional_work():
     assert positive >= 5 and cut_short >= 5  # the properties were exercised
 
 
-def test_time_limited_search_gets_a_bound_deadline():
+def test_time_limited_search_gets_a_bound_deadline(monkeypatch):
     """Stopped by its time limit, the search's bound runs to a deadline a fifth of the limit later
-    (``bnb.BOUND_SHARE``): here 1 ms, less than the first-level pass over 1,000 keys takes, so the
-    refinement never starts; the bound is still a proof (<= the value)."""
+    (``bnb.BOUND_SHARE``; the floor ``bnb.BOUND_MIN`` set to 0 here): 1 ms, less than the first-level
+    pass over 1,000 keys takes, so the refinement never starts; the bound is still a proof (<= the value)."""
+    from forcedweight.certify.solvers import bnb
+
+    monkeypatch.setattr(bnb, "BOUND_MIN", 0.0)
     p, V = _pv(3, 1000, 8, 0.3)
     res = solve_bnb(p, V, 8, time_limit=0.005)
     assert not res.proved and res.info["stopped_by"] == "time"
     assert res.info["refine"]["deadline"] == 1 and res.info["refine"]["splits"] == 0
     assert 0.0 <= res.lower_bound <= res.value
+
+
+def test_bound_deadline_has_a_floor():
+    """The default bound time is a fifth of the limit but at least ``bnb.BOUND_MIN`` (short limits keep
+    the seconds a short row's refinement needs), none with a node limit, and as given otherwise."""
+    from forcedweight.certify.solvers.bnb import BOUND_MIN, BOUND_SHARE
+
+    p, V = _pv(3, 1000, 8, 0.3)
+    assert solve_bnb(p, V, 8, time_limit=0.005).info["bound_time"] == BOUND_MIN
+    assert solve_bnb(p, V, 8, time_limit=0.005, bound_time=0.0).info["bound_time"] == 0.0
+    assert solve_bnb(p, V, 8, node_limit=5, time_limit=60.0).info["bound_time"] == math.inf
+    assert BOUND_SHARE * 10.0 == BOUND_MIN  # at the default 10 s limit the floor changes nothing

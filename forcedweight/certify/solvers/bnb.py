@@ -73,6 +73,8 @@ BOUND_ITERS = 12  # bisection steps of an open node's bound (relative precision 
 # row's bound rose on 6 and fell on none; BENCHMARKS.md, issue 15)
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 BOUND_SHARE = 0.2  # a search stopped by its time limit spends at most this share of it more on its bound
+BOUND_MIN = 2.0  # ... but never less than this many seconds (at the main job's 2 s limit a share of 0.4 s left
+# 5 of 18 open rows of N ~ 120-220 at bound 0, against 0 of 16 with no deadline; BENCHMARKS.md, issue 15)
 
 
 def _set_error(A, pw, S) -> float:
@@ -199,8 +201,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         (``node_tests._exclude``; False = the plain search over key ranges, for comparison).
     bound_time : seconds the proved bound of a stopped search may take after it (first-level pass,
         LPs and refinement end where they stand: ``frontier.open_bound``'s deadline). Default
-        ``BOUND_SHARE * time_limit``, so an open row takes at most about 1.2x the time limit (at
-        N ~ 4,096 the key-step budgets alone took 2-6x); with ``node_limit`` the default is no
+        ``max(BOUND_SHARE * time_limit, BOUND_MIN)`` (2 s at limits up to 10 s), so an open row takes
+        at most about 1.2x a 10 s limit (at N ~ 4,096 the key-step budgets alone took 2-6x) and short
+        rows keep the seconds their refinement needs; with ``node_limit`` the default is no
         deadline, so a node-limited result (bound included) is the same on any machine.
 
     Returns
@@ -315,7 +318,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         for t in range(t_cur):
             cs[t + 1] = cs[t] + G[idx[t]]
         if bound_time is None:
-            bound_time = np.inf if node_limit is not None else BOUND_SHARE * time_limit
+            bound_time = np.inf if node_limit is not None else max(BOUND_SHARE * time_limit, BOUND_MIN)
         deadline = time.perf_counter() + float(bound_time)
         lb = float(open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                               bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
@@ -325,6 +328,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
             "kick_improved": None if kick_gain is None else bool(kick_gain),
             "restart_improved": restart_gain,
+            "bound_time": None if proved else float(bound_time),
             "stopped_by": None if proved else ("nodes" if node_limit is not None and state[2] >= node_limit else "time")}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
                         rel_tol * value, info)
