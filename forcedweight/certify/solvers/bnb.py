@@ -74,7 +74,7 @@ BOUND_ITERS = 12  # bisection steps of an open node's bound (relative precision 
 _BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 BOUND_SHARE = 0.2  # a search stopped by its time limit spends at most this share of it more on its bound
 BOUND_MIN = 2.0  # ... but never less than this many seconds (at the main job's 2 s limit a share of 0.4 s left
-# 5 of 18 open rows of N ~ 120-220 at bound 0, against 0 of 16 with no deadline; BENCHMARKS.md, issue 15)
+# 5 of 18 open rows of N ~ 120-220 at bound 0, against 0 of 15 with no deadline; BENCHMARKS.md, issue 15)
 
 
 def _set_error(A, pw, S) -> float:
