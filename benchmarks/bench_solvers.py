@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_solvers.py [--n 64,256,1024] [--rows 4] [--time-limit 2] [--s 8]
     .venv/bin/python benchmarks/bench_solvers.py --real DUMP_DIR [--n 64,256,1024] [--rows 20]
         [--rows-scip 10] [--seed 0] [--csv per_row.csv] [--node-limit K] [--relax-iters R]
-        [--refine-work W] [--kick-work K]
+        [--refine-work W] [--kick-work K] [--threads T]
 
 Synthetic rows: softmax of N(0, sigma^2) logits with Gaussian values (d = 64); "peaked"
 sigma = 3, "flat" sigma = 0.5. ``--real``: rows of a ``forcedweight dump`` whose N lies within
@@ -78,6 +78,8 @@ def main():
                     help="bnb key-steps of best-first refinement of the open frontier's bound (0 = off)")
     ap.add_argument("--kick-work", type=float, default=None,
                     help="bnb pair evaluations of the kick search on the incumbent (0 = off)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="bnb search threads per row (rows still run one at a time; 1 = the serial search)")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",")]
     real = real_rows(args.real, ns, args.rows, args.s, args.seed) if args.real else None
@@ -124,6 +126,8 @@ def main():
                         kw["refine_work"] = args.refine_work
                     if name == "bnb" and args.kick_work is not None:
                         kw["kick_work"] = args.kick_work
+                    if name == "bnb" and args.threads > 1:
+                        kw["threads"] = args.threads
                     r = solvers[name](p, V, args.s, incumbent=S0, time_limit=args.time_limit, **kw)
                     dt = time.perf_counter() - t
                     secs.append(dt)

@@ -33,9 +33,18 @@ def _bound_effort(refine_work):
     return {"refine_work": refine_work, "tail_lps": TAIL_LPS if refine_work > 0 else 0}
 
 
+def _threads() -> int:
+    """The search threads of one row: this process's Numba threads (all cores in process; a pool
+    worker gets ``cores // workers``, ``certify.run``), so ``--workers 1`` puts every core on each
+    row and ``--workers 2`` on 2 cores runs rows side by side, one thread each, as before."""
+    import numba
+
+    return int(numba.get_num_threads())
+
+
 def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
     return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit,
-                     **_bound_effort(refine_work)), None
+                     threads=_threads(), **_bound_effort(refine_work)), None
 
 
 def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
@@ -49,7 +58,7 @@ def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WO
     # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
     note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
     return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left, node_limit=node_limit,
-                     **_bound_effort(refine_work)), note
+                     threads=_threads(), **_bound_effort(refine_work)), note
 
 
 def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):

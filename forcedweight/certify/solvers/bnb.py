@@ -64,6 +64,7 @@ from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, fir
 from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
                                                      _box_tables, _exclude, _node_lb_ok, mass_tops, node_scratch)
 from forcedweight.certify.solvers.result import SolverResult
+from forcedweight.certify.solvers.subtrees import SearchState, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
 REL_TOL = 1e-9
@@ -83,12 +84,15 @@ def _set_error(A, pw, S) -> float:
     w = pw[S].sum()
     return float(np.linalg.norm(A[S].sum(axis=0)) / w) if w > 0 else np.inf
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs,
-            cs, best, bestset, budget, nref, theta, decay, exclude):
+            cs, best, bestset, budget, nref, theta, decay, exclude, floor):
     """Resumable DFS over candidate lists. Level t's candidates are ``L[t, :Ln[t]]`` and its node is
     ``pos[t]`` (the next key ``L[t, pos[t]]``); state = [t, done, nodes, leaves, nodes per level...];
-    best = [E_best]. Returns after ``budget`` nodes."""
+    best = [E_best]. Returns after ``budget`` nodes. ``done`` is 1 when the search is complete, 2 when
+    it backtracks to a level below ``floor`` (the subtree of its node at level ``floor - 1`` is
+    complete, or the siblings it was given at level ``floor``: ``subtrees`` hands threads such parts;
+    0 = the whole search)."""
     N, d = A.shape
     mx, buf, bidx, h, zs, zc, _, dirn = node_scratch(nrm, s, nref)
     t = state[0]
@@ -163,6 +167,9 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
         if t < 0:
             state[1] = 1
             break
+        if t < floor:
+            state[1] = 2
+            break
         pos[t] += 1
     state[0] = max(t, 0)
     state[2] += nodes
@@ -172,7 +179,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
               rel_tol: float = REL_TOL, polish: bool = True, node_limit: int | None = None,
               A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK,
               kick_work: float = KICK_WORK, tail_lps: int = TAIL_LPS, exclude: bool = True,
-              bound_time: float | None = None) -> SolverResult:
+              bound_time: float | None = None, threads: int = 1) -> SolverResult:
     """Exact ES(s) over all N keys by depth-first branch and bound.
 
     Parameters
@@ -205,6 +212,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         at most about 1.2x a 10 s limit (at N ~ 4,096 the key-step budgets alone took 2-6x) and short
         rows keep the seconds their refinement needs; with ``node_limit`` the default is no
         deadline, so a node-limited result (bound included) is the same on any machine.
+    threads : threads of the search once the incumbent phases are over (``subtrees``: the first-level
+        subtrees are independent). Above 1 the nodes visited depend on timing; a proved value does
+        not. Ignored (one thread) with ``node_limit``, so node-limited results stay deterministic.
 
     Returns
     -------
@@ -246,17 +256,11 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     e_inc = _set_error(A, pw, inc)
     best = np.array([e_inc])
     bestset = inc.copy()  # the search overwrites it whenever it beats best
-    pos = np.zeros(s + 1, dtype=np.int64)  # each level's node: its position in the level's list
-    L = np.zeros((s + 1, N), dtype=np.int64)  # each level's candidate keys (level 0: all)
-    L[0] = np.arange(N)
-    Ln = np.zeros(s + 1, dtype=np.int64)
-    Ln[0] = N
-    state = np.zeros(5 + s, dtype=np.int64)  # t, done, nodes, leaf evals, nodes per level
-    d = A.shape[1]
-    ys = np.zeros((s + 1, d))
-    ws = np.zeros(s + 1)
-    bs = np.zeros(s + 1)
-    cs = np.zeros((s + 1, N))
+    # pos: each level's node (its position in the level's list); L: each level's candidate keys
+    # (level 0: all); state: t, done, nodes, leaf evals, nodes per level
+    search = SearchState(N, s, A.shape[1])
+    pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
+    threads = 1 if node_limit is not None else max(1, int(threads))
     nref = NREF_LONG if N >= LONG_ROWS else NREF
     budget = 256
     deadline = t0 + time_limit
@@ -295,9 +299,22 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
                 best[0] = e_kick
                 bestset[:] = kicked
             continue
+        if threads > 1 and not phases:
+            # the incumbent phases are over: the later first-level subtrees go to several threads
+            done, counts, frontier = search_subtrees((A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol, kappa,
+                                                     gamma, search, best, bestset, nref, exclude, deadline,
+                                                     threads)
+            if frontier is not None:
+                search = frontier
+                pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
+            state[1] = int(done)
+            state[2] = counts[0]
+            state[3] = counts[1]
+            state[4:] = counts[2:]
+            break
         tb = time.perf_counter()
         _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs,
-                cs, best, bestset, budget, nref, THETA, DECAY, exclude)
+                cs, best, bestset, budget, nref, THETA, DECAY, exclude, 0)
         now = time.perf_counter()
         if state[1] or now >= deadline or (node_limit is not None and state[2] >= node_limit):
             break
