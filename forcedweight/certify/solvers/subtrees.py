@@ -133,9 +133,9 @@ def search_subtrees(prep, s, rel_tol, kappa, gamma, serial: SearchState, best, b
 
     def take(i: int) -> bool:
         """Give thread i a part (called with cond held); False when there is none left."""
-        while parts[i] is None:
-            if shared["timeout"]:
-                return False
+        while not shared["timeout"]:
+            if parts[i] is not None:
+                return True
             if shared["next"] < shared["cut"]:
                 st = SearchState(N, s, d)
                 st.at_first_level(shared["next"])
@@ -150,7 +150,7 @@ def search_subtrees(prep, s, rel_tol, kappa, gamma, serial: SearchState, best, b
                 shared["hungry"] += 1
                 cond.wait(WAIT)
                 shared["hungry"] -= 1
-        return True
+        return False
 
     def work(i: int) -> None:
         own_best = best.copy()
