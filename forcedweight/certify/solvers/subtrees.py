@@ -184,7 +184,9 @@ def search_subtrees(prep, s, rel_tol, kappa, gamma, serial: SearchState, best, b
                 if now >= deadline:
                     shared["timeout"] = True
                     cond.notify_all()
-            budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), min(100, FIRST_BATCH)), 200_000))
+            if parts[i] is st:  # a batch cut short by its part's end says nothing of the node rate
+                budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), min(100, FIRST_BATCH)),
+                                 200_000))
 
     pool = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
     for th in pool:
