@@ -89,7 +89,7 @@ def test_node_limit_ignores_threads():
 def test_threads_stop_at_the_deadline(monkeypatch):
     """A deadline already past: each thread runs one batch (FIRST_BATCH nodes) and stops, inside its
     part, and the search is reported open with a frontier to bound."""
-    from forcedweight.certify.solvers.bnb import _prepared, search_order
+    from forcedweight.certify.solvers.bnb import _prepared, _search, search_order
     from forcedweight.certify.solvers.node_tests import NREF
     from forcedweight.core import operator as op
 
@@ -100,8 +100,8 @@ def test_threads_stop_at_the_deadline(monkeypatch):
     serial = subtrees.SearchState(120, 5, A.shape[1])
     best = np.array([np.inf])
     bestset = np.arange(5)
-    done, counts, frontier = subtrees.search_subtrees((A, pw, wtop, nrm, G, lo, hi, use_box), 5, 1e-9, kappa,
-                                                      gamma, serial, best, bestset, NREF, True, 0.0, 2)
+    done, counts, frontier = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), 5, 1e-9,
+                                                      kappa, gamma, serial, best, bestset, NREF, True, 0.0, 2)
     assert not done and frontier is not None
     assert 0 < counts[0] <= 2 * 50
     assert counts[0] == counts[2:].sum()

@@ -301,9 +301,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             continue
         if threads > 1 and not phases:
             # the incumbent phases are over: the later first-level subtrees go to several threads
-            done, counts, frontier = search_subtrees((A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol, kappa,
-                                                     gamma, search, best, bestset, nref, exclude, deadline,
-                                                     threads)
+            done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
+                                                     kappa, gamma, search, best, bestset, nref, exclude,
+                                                     deadline, threads)
             if frontier is not None:
                 search = frontier
                 pos, L, Ln, state, ys, ws, bs, cs = search.arrays()

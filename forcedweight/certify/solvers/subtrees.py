@@ -101,12 +101,13 @@ class SearchState:
         return None
 
 
-def search_subtrees(prep, s, rel_tol, kappa, gamma, serial: SearchState, best, bestset, nref, exclude,
+def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState, best, bestset, nref, exclude,
                     deadline, threads: int):
     """Go on with ``serial`` (a search stopped between batches) on ``threads`` threads until it is
     complete or ``time.perf_counter() >= deadline``.
 
-    ``prep = (A, pw, wtop, nrm, G, lo, hi, use_box)`` as ``bnb._search`` takes them; ``best`` (1,)
+    ``search`` is ``bnb._search`` (passed in: bnb imports this module); ``prep = (A, pw, wtop, nrm, G, lo,
+    hi, use_box)`` as it takes them; ``best`` (1,)
     and ``bestset`` (s,) are updated in place. The serial search finishes its current first-level
     subtree (less what is stolen from it); the other threads take the later ones. Returns
     ``(done, counts, frontier)``: whether the search is complete; ``counts`` (3 + s,) int64, the
@@ -114,8 +115,6 @@ def search_subtrees(prep, s, rel_tol, kappa, gamma, serial: SearchState, best, b
     when not done, the state whose open frontier covers every open node (the earliest open path in
     the depth-first order, or level 0 at the first subtree not started).
     """
-    from forcedweight.certify.solvers.bnb import _search
-
     A, pw, wtop, nrm, G, lo, hi, use_box = prep
     N, d = A.shape
     cond = threading.Condition()
@@ -163,7 +162,7 @@ def search_subtrees(prep, s, rel_tol, kappa, gamma, serial: SearchState, best, b
                 st = parts[i]
                 own_best[0] = min(own_best[0], best[0])
             tb = time.perf_counter()
-            _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(),
+            search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(),
                     own_best, own_set, budget, nref, THETA, DECAY, exclude, st.floor)
             now = time.perf_counter()
             with cond:
