@@ -64,7 +64,7 @@ from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, fir
 from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
                                                      _box_tables, _exclude, _node_lb_ok, mass_tops, node_scratch)
 from forcedweight.certify.solvers.result import SolverResult
-from forcedweight.certify.solvers.subtrees import SearchState, search_subtrees
+from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
 REL_TOL = 1e-9
@@ -320,7 +320,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             break
         # aim at ~10 ms per batch (the batches only pause the search: the nodes visited, and so
         # a node-limited result, do not depend on them)
-        budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), 100), 200_000))
+        budget = next_batch(budget, now - tb)
     S = np.sort(order[bestset])
     value = _set_error(A_keys, p, S) if external else op.forced_error(p, V, S)
     proved = bool(state[1])

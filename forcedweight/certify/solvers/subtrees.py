@@ -37,6 +37,12 @@ WAIT = 0.02  # seconds an idle thread waits for a part before it looks again
 FIRST_BATCH = 256  # nodes of a thread's first batch (then sized to about 10 ms, as in the serial search)
 
 
+def next_batch(budget: int, seconds: float, least: int = 100) -> int:
+    """The next batch's nodes: about 10 ms at the last batch's rate (at most doubling), within
+    ``[least, 200,000]``. The batches only pause a search, so the nodes visited do not depend on it."""
+    return int(min(max(budget * min(2.0, 0.01 / max(seconds, 1e-4)), least), 200_000))
+
+
 class SearchState:
     """One depth-first search's arrays (``bnb._search``'s): ``pos`` (s+1,), ``L`` (s+1, N), ``Ln``
     (s+1,), ``state`` (5+s,), ``ys`` (s+1, d), ``ws``/``bs`` (s+1,), ``cs`` (s+1, N); and its
@@ -184,8 +190,7 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
                     shared["timeout"] = True
                     cond.notify_all()
             if parts[i] is st:  # a batch cut short by its part's end says nothing of the node rate
-                budget = int(min(max(budget * min(2.0, 0.01 / max(now - tb, 1e-4)), min(100, FIRST_BATCH)),
-                                 200_000))
+                budget = next_batch(budget, now - tb, min(100, FIRST_BATCH))
 
     pool = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
     for th in pool:
