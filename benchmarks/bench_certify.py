@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -83,15 +84,16 @@ def main(argv=None):
         src = synthetic_rows(tmp / "workers.parquet", n, args.workers_rows, seed=1)
         tiny = synthetic_rows(tmp / "tiny.parquet", n, 2, seed=2)
         opts = CertifyOptions(solver="auto", time_limit=args.time_limit)
-        one, _ = timed(src, tmp / "one.parquet", [s], opts, workers=1, chunk_rows=4)
-        two, _ = timed(src, tmp / "two.parquet", [s], opts, workers=2, chunk_rows=4)
+        one, proved_one = timed(src, tmp / "one.parquet", [s], opts, workers=1, chunk_rows=4)
+        two, proved_two = timed(src, tmp / "two.parquet", [s], opts, workers=2, chunk_rows=4)
         # start-up of a 2-process pool (spawn, imports, Numba cache loads), from a 2-row run
         t1, _ = timed(tiny, tmp / "t1.parquet", [s], opts, workers=1, chunk_rows=1)
         t2, _ = timed(tiny, tmp / "t2.parquet", [s], opts, workers=2, chunk_rows=1)
         start = max(0.0, t2 - t1)
         print(f"\nworkers (N = {n}, s = {s}, {args.workers_rows} rows, 4 rows per shard):\n"
               f"- 1 worker {args.workers_rows / one:.2f} rows/s; 2 workers {args.workers_rows / two:.2f} rows/s "
-              f"end to end: speed-up {one / two:.2f}x\n"
+              f"end to end: speed-up {one / two:.2f}x (proved {proved_one:.0%} / {proved_two:.0%}; 1 worker searches "
+              f"each row on this process's {numba.get_num_threads()} Numba threads, 2 workers one thread each on 2 cores)\n"
               f"- pool start-up (2-row run, 2 workers minus 1 worker): {start:.2f} s; "
               f"speed-up without it {one / max(two - start, 1e-9):.2f}x")
         print(f"load average during the run (1, 5, 15 min): {os.getloadavg()}")
