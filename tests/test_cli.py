@@ -175,3 +175,15 @@ def test_the_gguf_conversion_bar_is_silenced_from_python(capfd):
     models.load_model(progress=False)
     assert gguf_utils.tqdm is original  # restored after the load
     assert "Converting and de-quantizing" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["evaluate"], ["audit"], ["contourkv", "paired"], ["contourkv", "enforcement"],
+                                     ["probabilistic", "robustness"]])
+def test_threads_below_one_is_refused_before_any_work(monkeypatch, capsys, tmp_path, command):
+    # one home for --threads (cli.options.torch_threads): every command that takes it refuses 0 in one line
+    # and writes nothing, before reading the task file or loading a model
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "o"
+    tasks.write_text("")
+    code, err = cli(monkeypatch, capsys, [*command, "--tasks", tasks, "--out", out, "--threads", 0])
+    one_error(code, err, "--threads", ">= 1")
+    assert not out.exists()

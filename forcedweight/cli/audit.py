@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from forcedweight.cli.options import numbers, split_list
+from forcedweight.cli.options import numbers, split_list, torch_threads
 
 
 def audit(
@@ -42,12 +42,7 @@ def audit(
         raise InputError("--tasks: give a task file (forcedweight tasks writes one)")
     if out is None:
         raise InputError("--out: give an output directory")
-    if threads is not None:
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
+    torch_threads(threads)
     layer_list = numbers(layers, "--layers", int) or None
     path = run(model, tasks, out, split_list(policy), numbers(compression_ratio, "--compression-ratio"),
                split_list(allocator) or ["uniform"], split_list(part) or list(PARTS), layer_list,

@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from forcedweight.cli.options import split_list, torch_threads
+
 app = typer.Typer(no_args_is_help=True, help="ContourKV: paired comparison at matched bytes; enforcement experiment.")
 
 
@@ -36,12 +38,10 @@ def paired(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """ContourKV (kvzip, snapkv scores) against kvzip global/uniform/adakv, snapkv, expected_attention, compactor."""
-    import torch
-
     from forcedweight.deploy.contourkv_experiment import paired_experiment
 
-    torch.set_num_threads(threads)
-    groups = [g.strip() for item in (only or []) for g in item.split(",") if g.strip()] or None
+    torch_threads(threads)
+    groups = split_list(only) or None
     typer.echo(str(paired_experiment(model, tasks, out, _ratios(compression_ratio), max_examples, baseline, groups,
                                      progress=progress)))
 
@@ -69,11 +69,9 @@ def enforcement(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """One fixed selection stored ragged / masked / token union / token top-k: score and physical bytes."""
-    import torch
-
     from forcedweight.deploy.contourkv_experiment import enforcement_experiment
 
-    torch.set_num_threads(threads)
+    torch_threads(threads)
     typer.echo(str(enforcement_experiment(model, tasks, out, policy, allocator, _ratios(compression_ratio), max_examples,
                                             progress=progress)))
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from forcedweight.cli.options import numbers, split_list
+from forcedweight.cli.options import numbers, split_list, torch_threads
 
 
 def evaluate(
@@ -47,12 +47,7 @@ def evaluate(
         raise InputError("--tasks: give a task file (forcedweight tasks writes one)")
     if out is None:
         raise InputError("--out: give an output directory")
-    if threads is not None:
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
+    torch_threads(threads)
     path = run(model, tasks, out, split_list(policy), split_list(allocator) or ["uniform"],
                compression_ratios=numbers(compression_ratio, "--compression-ratio") or None,
                budgets=numbers(budget, "--budget") or None, max_examples=max_examples,

@@ -21,3 +21,14 @@ def numbers(values: Optional[List[str]], option: str, kind=float) -> list:
         except ValueError:
             raise InputError(f"{option}: {v!r} is not {'an integer' if kind is int else 'a number'}") from None
     return out
+
+
+def torch_threads(threads: Optional[int], option: str = "--threads") -> None:
+    """Set torch's intra-op threads from ``--threads`` (None: leave torch's default); InputError below 1."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InputError(f"{option} must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)

@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from forcedweight.cli.options import split_list, torch_threads
 from forcedweight.io import command_line
 
 group = typer.Typer(no_args_is_help=True, help="Probabilistic eviction with importance-sampling correction (paper 000).")
@@ -106,13 +107,8 @@ def robustness(
     from forcedweight.deploy.robustness import RobustnessConfig, parse_taus, run_robustness
     from forcedweight.errors import InputError
 
-    if threads is not None:
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
-    props = tuple(v.strip() for p in (proposal or []) for v in p.split(",") if v.strip())
+    torch_threads(threads)
+    props = tuple(split_list(proposal))
     try:
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:
