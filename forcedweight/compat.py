@@ -16,11 +16,15 @@ import the names below instead of branching on the version themselves:
 - :func:`sdpa_drops_features`: on 4.57–5.2 Gemma 2 defaults to SDPA, which silently ignores its
   attention-logit soft-cap (newer releases mark Gemma 2 ``_supports_sdpa = False`` and run eager); the
   capture then runs such a model through eager, the attention the family defines.
+- :func:`attention_configs` / :func:`attention_implementation`: the configs whose private
+  ``_attn_implementation`` a forward reads (the model's and, for a multimodal family, its text config's),
+  and a context manager that switches them all and restores them.
 - :data:`ALL_ATTENTION_FUNCTIONS`, :data:`ALL_MASK_ATTENTION_FUNCTIONS`, :func:`sdpa_attention_forward`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -127,6 +131,34 @@ def register_attention(name: str, function, mask_like: str | None = None) -> str
     return name
 
 
+def attention_configs(model) -> list:
+    """The configs whose ``_attn_implementation`` ``model``'s forward reads: its config and, when
+    different (a multimodal family such as Gemma 3), its text config, last."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return [config] if text is config else [config, text]
+
+
+@contextlib.contextmanager
+def attention_implementation(model, name: str | None):
+    """Run ``model`` with its attention implementation set to ``name`` (registered with
+    ``AttentionInterface``) in every :func:`attention_configs` entry, then restore each; ``None``
+    leaves it as it is."""
+    if name is None:
+        yield
+        return
+    configs = attention_configs(model)
+    previous = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = name
+    try:
+        yield
+    finally:
+        for c, p in zip(configs, previous):
+            c._attn_implementation = p
+
+
 __all__ = ["ALL_ATTENTION_FUNCTIONS", "ALL_MASK_ATTENTION_FUNCTIONS", "CACHE_KWARG", "CacheLayerBase",
-           "MIN_TRANSFORMERS", "NEW_LAYER_API", "TRANSFORMERS_VERSION", "cache_kwargs", "output_cache",
+           "MIN_TRANSFORMERS", "NEW_LAYER_API", "TRANSFORMERS_VERSION", "attention_configs",
+           "attention_implementation", "cache_kwargs", "output_cache",
            "register_attention", "sdpa_attention_forward", "sdpa_drops_features"]

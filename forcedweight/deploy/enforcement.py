@@ -28,6 +28,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from forcedweight.compat import attention_implementation
 from forcedweight.core.operator import top_s
 from forcedweight.deploy.ragged_cache import physical_bytes
 
@@ -64,14 +65,11 @@ AttentionInterface.register(ATTENTION_NAME, masked_attention_forward)
 @contextlib.contextmanager
 def masked_attention(model, keep: list | None):
     """Run ``model`` with :func:`masked_attention_forward` and ``keep`` (per layer (H_kv, N) bool)."""
-    config = model.config
-    previous = config._attn_implementation
     token = _KEEP.set(keep)
-    config._attn_implementation = ATTENTION_NAME
     try:
-        yield
+        with attention_implementation(model, ATTENTION_NAME):
+            yield
     finally:
-        config._attn_implementation = previous
         _KEEP.reset(token)
 
 

@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from forcedweight.compat import cache_kwargs
+from forcedweight.compat import attention_implementation, cache_kwargs
 from forcedweight.deploy.features import Features, feature_attention, layer_features
 from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.errors import InputError
@@ -89,14 +89,11 @@ AttentionInterface.register(ATTENTION_NAME, prefill_attention)
 @contextlib.contextmanager
 def capturing_attention(model, callback: Callback):
     """Run ``model`` with :func:`prefill_attention` and ``callback`` active, then restore its attention."""
-    config = model.config
-    previous = config._attn_implementation
     token = _ACTIVE.set(callback)
-    config._attn_implementation = ATTENTION_NAME
     try:
-        yield
+        with attention_implementation(model, ATTENTION_NAME):
+            yield
     finally:
-        config._attn_implementation = previous
         _ACTIVE.reset(token)
 
 

@@ -43,7 +43,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from forcedweight.compat import sdpa_drops_features
+from forcedweight.compat import attention_configs, attention_implementation, sdpa_drops_features
 from forcedweight.kernels.attention_stats import attention_rows
 from forcedweight.errors import InputError
 
@@ -311,23 +311,16 @@ for _wrapped in WRAPPED:
 @contextlib.contextmanager
 def capturing(model, recorder: Recorder):
     """Run ``model`` with the capture attention function and ``recorder`` active, then restore it."""
-    configs = [model.config]
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if text is not model.config:
-        configs.append(text)
-    previous = [c._attn_implementation for c in configs]
-    wrapped = previous[-1] if previous[-1] in WRAPPED else "eager"
+    current = attention_configs(model)[-1]._attn_implementation
+    wrapped = current if current in WRAPPED else "eager"
     if wrapped == "sdpa" and sdpa_drops_features(model.config):
         wrapped = "eager"  # transformers < 5.3 default Gemma 2 to SDPA, which drops its soft-cap
     recorder.wrapped = wrapped
     token = _ACTIVE.set(recorder)
-    for c in configs:
-        c._attn_implementation = capture_name(wrapped)
     try:
-        yield
+        with attention_implementation(model, capture_name(wrapped)):
+            yield
     finally:
-        for c, p in zip(configs, previous):
-            c._attn_implementation = p
         _ACTIVE.reset(token)
 
 

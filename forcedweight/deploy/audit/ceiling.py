@@ -45,6 +45,7 @@ import torch
 from transformers import AttentionInterface
 
 from forcedweight.certify.options import SOLVERS, run_solver
+from forcedweight.compat import attention_implementation
 from forcedweight.core import operator as op
 from forcedweight.deploy.allocate import select
 from forcedweight.deploy.attention import use_ragged_attention
@@ -164,14 +165,11 @@ AttentionInterface.register(ATTENTION_NAME, ceiling_attention)
 @contextlib.contextmanager
 def restricted(model, state: CeilingState | None):
     """Run ``model`` with :func:`ceiling_attention` and ``state`` active (None: plain SDPA)."""
-    config = model.config
-    previous = config._attn_implementation
     token = _ACTIVE.set(state)
-    config._attn_implementation = ATTENTION_NAME
     try:
-        yield state
+        with attention_implementation(model, ATTENTION_NAME):
+            yield state
     finally:
-        config._attn_implementation = previous
         _ACTIVE.reset(token)
 
 

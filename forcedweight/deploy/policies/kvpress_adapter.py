@@ -24,14 +24,13 @@ without it :func:`make_kvpress_policy` raises an InputError saying how to instal
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from forcedweight.compat import cache_kwargs
+from forcedweight.compat import attention_implementation, cache_kwargs
 from forcedweight.deploy.policies.base import Policy
 from forcedweight.errors import InputError
 
@@ -62,26 +61,6 @@ def _attention_modules(model) -> list[torch.nn.Module]:
     if any(m is None for m in mods):
         raise InputError(f"--policy {PREFIX}...: a decoder layer has no self_attn module")
     return mods
-
-
-@contextlib.contextmanager
-def _attn_implementation(model, name: str | None):
-    """Temporarily switch the model's (and its text config's) attention implementation to ``name``."""
-    if name is None:
-        yield
-        return
-    configs = [model.config]
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if text is not model.config:
-        configs.append(text)
-    previous = [c._attn_implementation for c in configs]
-    for c in configs:
-        c._attn_implementation = name
-    try:
-        yield
-    finally:
-        for c, p in zip(configs, previous):
-            c._attn_implementation = p
 
 
 class KvpressPolicy(Policy):
@@ -157,7 +136,7 @@ class KvpressPolicy(Policy):
         t0 = time.perf_counter()
         torch.manual_seed(self.seed)
         try:
-            with _attn_implementation(model, "eager" if self.attentions else None), torch.inference_mode():
+            with attention_implementation(model, "eager" if self.attentions else None), torch.inference_mode():
                 body(input_ids=prefill.context_ids, use_cache=True, **cache_kwargs(cache))
         finally:
             for h in handles:
