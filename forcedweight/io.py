@@ -126,6 +126,15 @@ def check_dump_complete(path: str | os.PathLike, allow_incomplete: bool = False)
     return manifest
 
 
+def check_output_dir(target: str | os.PathLike, option: str = "--out") -> Path:
+    """``target`` as a Path, after failing early when it exists and is not a directory (InputError naming
+    ``option`` and the path). Creates nothing: the command makes the directory once its inputs are good."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise InputError(f"{option}: {target}: exists and is not a directory")
+    return target
+
+
 def check_output_file(target: str | os.PathLike) -> Path:
     """Fail early, before any work, when ``target`` cannot be written as a file.
 

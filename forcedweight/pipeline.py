@@ -15,7 +15,7 @@ from forcedweight.certify import CertifyOptions, certify_file
 from forcedweight.dump import dump_rows
 from forcedweight.dump.corpus import builtin_texts
 from forcedweight.errors import InputError
-from forcedweight.io import command_line
+from forcedweight.io import check_output_dir, command_line
 from forcedweight.report import build_report
 
 
@@ -67,8 +67,7 @@ def run_pipeline(out: str | Path, options: PipelineOptions | None = None, progre
     report_dir = out / "report"
     command = command_line()
     certify_options = options.certify_options()  # checked before the dump (minutes of work)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out: {out} exists and is not a directory")
+    check_output_dir(out)
 
     texts = builtin_texts()[: options.max_texts]
     dump_rows(

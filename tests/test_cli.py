@@ -187,3 +187,18 @@ def test_threads_below_one_is_refused_before_any_work(monkeypatch, capsys, tmp_p
     code, err = cli(monkeypatch, capsys, [*command, "--tasks", tasks, "--out", out, "--threads", 0])
     one_error(code, err, "--threads", ">= 1")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["evaluate", "--tasks", "{tasks}"], ["audit", "--tasks", "{tasks}"], ["probabilistic", "robustness", "--tasks", "{tasks}"],
+    ["pipeline"], ["instances", "partition", "--m", 8, "--count", 1],
+])
+def test_a_file_as_the_output_directory_is_one_line(monkeypatch, capsys, tmp_path, command):
+    # one home (io.check_output_dir): the same line from every command that writes a directory, the file untouched
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "taken"
+    tasks.write_text("")
+    out.write_text("mine")
+    args = [str(tasks) if a == "{tasks}" else a for a in command]
+    code, err = cli(monkeypatch, capsys, [*args, "--out", out])
+    one_error(code, err, "--out", str(out), "exists and is not a directory")
+    assert out.read_text() == "mine"

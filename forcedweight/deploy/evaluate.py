@@ -257,9 +257,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
         if not quiet:
             print(msg, file=sys.stderr)
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
+    out = fio.check_output_dir(out)
     methods = methods_for(policies, allocators, compression_ratios, budgets, methods)
     options = dict(policy_options or {})
     pols = {m.policy: make_policy(m.policy, seed=seed, **options.get(m.policy, {}))
@@ -320,8 +318,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
 def evaluate(model, tasks, out, *args, **kwargs) -> Path:
     """Run the evaluation into ``out`` (every option: ``_evaluate``), holding ``io.output_lock(out)``:
     a second run on the same output while this one runs is refused with one line naming the holder."""
-    if Path(out).exists() and not Path(out).is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
+    fio.check_output_dir(out)
     with fio.output_lock(out, "evaluate"):
         return _evaluate(model, tasks, out, *args, **kwargs)
 

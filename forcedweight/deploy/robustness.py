@@ -132,9 +132,7 @@ def _runs(cfg: RobustnessConfig) -> list[dict]:
 def run_robustness(model, tasks, out, cfg: RobustnessConfig, command: str = "", progress: bool = True,
                    quiet: bool = False, device: str = "cpu") -> Path:
     """Run (or resume) every evaluate run of the study and write the tables; return ``out/report.md``."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
+    out = fio.check_output_dir(out)
     loaded = loaded_model(model, "the robustness study", device=device,
                           note=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
     frames = []

@@ -174,8 +174,7 @@ def _fingerprint(manifest: dict) -> dict:
 
 
 def _prepare_out_dir(out_dir: Path) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out: {out_dir}: exists and is not a directory")
+    fio.check_output_dir(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -399,9 +398,7 @@ def dump_rows(model, texts: Sequence[str], out_dir: str | os.PathLike, *args, **
     The whole run holds ``io.output_lock(out_dir)``: a second dump into the same directory while
     this one runs is refused with one line naming the holder.
     """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out: {out}: exists and is not a directory")
+    out = fio.check_output_dir(out_dir)
     try:  # the lock file lives beside the output directory
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

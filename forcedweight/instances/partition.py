@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from forcedweight.instances.proofs import MAX_M, prove_balanced, verify_witness
 from forcedweight.errors import InputError
-from forcedweight.io import atomic_path, progress as progress_bar, write_table_atomic
+from forcedweight.io import atomic_path, check_output_dir, progress as progress_bar, write_table_atomic
 
 KINDS = ("yes", "no", "near_miss")
 MAX_DRAWS = 10_000
@@ -236,9 +236,7 @@ def rows_table(rows: list[dict], fields: list[pa.Field]) -> pa.Table:
 
 def write_instances(table: pa.Table, out_dir: str | Path, name: str, manifest: dict) -> Path:
     """Write ``out_dir/name.parquet`` and ``out_dir/name.json`` atomically; return the Parquet path."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir}: exists and is not a directory")
+    out_dir = check_output_dir(out_dir)
     path = write_table_atomic(table, out_dir / f"{name}.parquet")
     with atomic_path(out_dir / f"{name}.json") as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")

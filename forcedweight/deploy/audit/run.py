@@ -72,9 +72,7 @@ def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequen
         if not quiet:
             print(msg, file=sys.stderr)
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
+    out = fio.check_output_dir(out)
     parts = list(dict.fromkeys(parts))
     for p in parts:
         if p not in PARTS:
