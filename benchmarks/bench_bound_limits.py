@@ -52,6 +52,18 @@ def has_cancelling_point(A, k: int, r: int) -> bool:
 
 
 @njit(cache=True)
+def _point(A, k, lo, x, y):
+    """y (d,) = a_k + sum_{j >= lo} x_j a_j: the relaxation's point for the node {k} at weights x."""
+    N, d = A.shape
+    for q in range(d):
+        y[q] = A[k, q]
+    for j in range(lo, N):
+        if x[j] != 0.0:
+            for q in range(d):
+                y[q] += x[j] * A[j, q]
+
+
+@njit(cache=True)
 def relax_sweep(A, pw, nrm, k_from, k_to, s, top, steps, vals):
     """vals[k], k = k_to down to k_from: the relaxation bound of the first-level node {k} after ``steps``
     FISTA steps started from the previous node's point (proved along the direction reached)."""
@@ -91,12 +103,7 @@ def relax_sweep(A, pw, nrm, k_from, k_to, s, top, steps, vals):
             z[j] = x[j]
         tk = 1.0
         for _ in range(steps):
-            for q in range(d):
-                y[q] = A[k, q]
-            for j in range(lo, N):
-                if z[j] != 0.0:
-                    for q in range(d):
-                        y[q] += z[j] * A[j, q]
+            _point(A, k, lo, z, y)
             for j in range(lo, N):
                 g = 0.0
                 for q in range(d):
@@ -110,12 +117,7 @@ def relax_sweep(A, pw, nrm, k_from, k_to, s, top, steps, vals):
                 x[j] = xn[j - lo]
                 z[j] = x[j] + c * (x[j] - xo)
             tk = tn
-        for q in range(d):
-            y[q] = A[k, q]
-        for j in range(lo, N):
-            if x[j] != 0.0:
-                for q in range(d):
-                    y[q] += x[j] * A[j, q]
+        _point(A, k, lo, x, y)
         vals[k] = _bound_along(y.copy(), A[k].copy(), pw[k], A, pw, nrm, lo, r, top)
 
 

@@ -257,7 +257,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
         if not quiet:
             print(msg, file=sys.stderr)
 
-    out = fio.check_output_dir(out)
+    out = Path(out)  # checked by evaluate() before it took the lock
     methods = methods_for(policies, allocators, compression_ratios, budgets, methods)
     options = dict(policy_options or {})
     pols = {m.policy: make_policy(m.policy, seed=seed, **options.get(m.policy, {}))
