@@ -292,6 +292,16 @@ def die_with_parent(sig: int = 9) -> bool:
     return True
 
 
+def stderr_notes(quiet: bool = False):
+    """A ``note(msg)`` for long runs' one-line messages (model loaded, file written): to stderr, or nowhere
+    when ``quiet``, so stdout keeps only a command's result."""
+    def note(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr)
+
+    return note
+
+
 def lock_path_for(out: str | os.PathLike) -> Path:
     """The lock file of an output (file or directory): ``.<name>.lock`` beside it."""
     out = Path(out)

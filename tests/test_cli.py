@@ -202,3 +202,16 @@ def test_a_file_as_the_output_directory_is_one_line(monkeypatch, capsys, tmp_pat
     code, err = cli(monkeypatch, capsys, [*args, "--out", out])
     one_error(code, err, "--out", str(out), "exists and is not a directory")
     assert out.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["evaluate", "audit"])
+@pytest.mark.parametrize("missing", ["--tasks", "--out"])
+def test_generation_commands_name_a_missing_tasks_or_out(monkeypatch, capsys, tmp_path, command, missing):
+    # one home (cli.options.require_tasks_and_out): the line names the missing option, nothing is written
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "o"
+    tasks.write_text("")
+    given = {"--tasks": tasks, "--out": out}
+    del given[missing]
+    code, err = cli(monkeypatch, capsys, [command, *[x for kv in given.items() for x in kv]])
+    one_error(code, err, missing, "give a")
+    assert not out.exists()

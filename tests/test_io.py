@@ -104,3 +104,10 @@ def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
             holder.kill()
             holder.wait()
         time.sleep(0.1)
+
+
+def test_stderr_notes_write_to_stderr_unless_quiet(capsys):
+    fio.stderr_notes()("loaded")
+    fio.stderr_notes(quiet=True)("hidden")
+    got = capsys.readouterr()
+    assert got.err == "loaded\n" and got.out == ""

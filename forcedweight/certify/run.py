@@ -447,8 +447,7 @@ def _run_locked(path, out: Path, s_values: list[int], options: CertifyOptions, w
     """``run_certify`` once the output lock is held."""
     _check_paths(path, out)
 
-    def note(msg: str) -> None:
-        print(msg, file=sys.stderr)
+    note = fio.stderr_notes()
 
     total, _ = validate_input(path, s_values, skip_invalid, options)
     parts = parts_dir_for(out)

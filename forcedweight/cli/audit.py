@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from forcedweight.cli.options import numbers, split_list, torch_threads
+from forcedweight.cli.options import numbers, require_tasks_and_out, split_list, torch_threads
 
 
 def audit(
@@ -36,12 +36,8 @@ def audit(
     ceiling inside generation; writes DIR/memory.parquet, leak.parquet, ceiling.parquet, report.md."""
     from forcedweight.deploy.audit.ceiling import SELECTIONS
     from forcedweight.deploy.audit.run import PARTS, audit as run
-    from forcedweight.errors import InputError
 
-    if tasks is None:
-        raise InputError("--tasks: give a task file (forcedweight tasks writes one)")
-    if out is None:
-        raise InputError("--out: give an output directory")
+    require_tasks_and_out(tasks, out)
     torch_threads(threads)
     layer_list = numbers(layers, "--layers", int) or None
     path = run(model, tasks, out, split_list(policy), numbers(compression_ratio, "--compression-ratio"),

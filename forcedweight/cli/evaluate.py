@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from forcedweight.cli.options import numbers, split_list, torch_threads
+from forcedweight.cli.options import numbers, require_tasks_and_out, split_list, torch_threads
 
 
 def evaluate(
@@ -43,10 +43,7 @@ def evaluate(
         _report(Path(action[1]), out)
         return
 
-    if tasks is None:
-        raise InputError("--tasks: give a task file (forcedweight tasks writes one)")
-    if out is None:
-        raise InputError("--out: give an output directory")
+    require_tasks_and_out(tasks, out)
     torch_threads(threads)
     path = run(model, tasks, out, split_list(policy), split_list(allocator) or ["uniform"],
                compression_ratios=numbers(compression_ratio, "--compression-ratio") or None,

@@ -1,4 +1,4 @@
-"""Parsing of the list options the commands share (``--policy a,b --policy c``, ``--s 8,32``)."""
+"""Parsing of the options the commands share (``--policy a,b --policy c``, ``--s 8,32``, ``--tasks``/``--out``)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def torch_threads(threads: Optional[int], option: str = "--threads") -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def require_tasks_and_out(tasks, out) -> None:
+    """The generation commands' (evaluate, audit) two required paths: InputError naming the missing one."""
+    if tasks is None:
+        raise InputError("--tasks: give a task file (forcedweight tasks writes one)")
+    if out is None:
+        raise InputError("--out: give an output directory")

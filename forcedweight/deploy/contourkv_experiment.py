@@ -26,7 +26,6 @@ answered from the ragged cache, the masked storage, the token-level union of the
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -272,7 +271,7 @@ def enforcement_experiment(model, tasks, out, policy: str = "kvzip", allocator: 
         parts = out / ".enforcement.parts"
         state = {"tasks": str(Path(tasks).resolve()), "ids": [ex["id"] for ex in examples], "policy": policy,
                  "allocator": allocator, "ratios": ratios, "model": loaded.name}
-        done = fio.prepare_work_dir(parts, state, lambda msg: print(msg, file=sys.stderr))
+        done = fio.prepare_work_dir(parts, state, fio.stderr_notes())
         with fio.progress("contourkv enforcement", enabled=progress) as bar:
             task = bar.add_task("examples", total=len(examples), completed=len(done))
             for i, ex in enumerate(examples):

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,9 +252,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
         runs with every allocator); methods : further ``"policy/allocator"`` pairs.
     compression_ratios / budgets : the budget settings (one of the two).
     """
-    def note(msg: str) -> None:
-        if not quiet:
-            print(msg, file=sys.stderr)
+    note = fio.stderr_notes(quiet)
 
     out = Path(out)  # checked by evaluate() before it took the lock
     methods = methods_for(policies, allocators, compression_ratios, budgets, methods)

@@ -8,7 +8,6 @@ part's table is written atomically as soon as it is done.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -68,9 +67,7 @@ def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequen
     steps : restrict only the first ``steps`` query rows after the context (and score a continuation's
         first ``steps + 1`` tokens). memory_examples / ceiling_examples : examples used by those parts.
     """
-    def note(msg: str) -> None:
-        if not quiet:
-            print(msg, file=sys.stderr)
+    note = fio.stderr_notes(quiet)
 
     out = fio.check_output_dir(out)
     parts = list(dict.fromkeys(parts))
