@@ -30,7 +30,8 @@ import numpy as np
 
 from forcedweight.instances import generate, partition_row, prove_balanced
 from forcedweight.certify.solvers.cpsat import solve_cpsat
-from forcedweight.certify.solvers.mitm import error_tolerance, solve_mitm
+from forcedweight.certify.solvers.mitm import solve_mitm
+from forcedweight.core import operator
 
 
 def load(module: str, name: str):
@@ -101,7 +102,7 @@ def main(argv=None):
             p = np.asarray(row["weights"])
             V = np.asarray(row["values"])[:, None]
             s = row["s"]
-            tol = error_tolerance(inst["integers"], s)
+            tol = operator.forced_error_rounding(inst["integers"], s)
             t0 = time.perf_counter()
             run_proof(p, V, s, inst["integers"])
             results["proof"].append((time.perf_counter() - t0, True, True))

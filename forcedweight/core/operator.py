@@ -109,6 +109,20 @@ def forced_error(p: np.ndarray, V: np.ndarray, S, A: np.ndarray | None = None) -
     return float(_norm(y) / w)
 
 
+def forced_error_rounding(V: np.ndarray, s: int) -> float:
+    """First-order bound on the float64 rounding of ``forced_error`` for values V ((N,) or (N, d)) and s keys.
+
+    ``mu`` is off by at most ``N eps max ||v_i||``, the centred terms, their sum and its norm by about
+    ``(2 s + d + 3) eps max ||v_i||`` in total; doubled for safety:
+    ``2 (N + 2 s + d + 3) eps max(1, max_i ||v_i||)`` (``2 (N + 2 s + 4) eps max(1, max |a_i|)`` in 1-D).
+    A set whose computed E is at or below it may be an exact 0.
+    """
+    V = np.asarray(V, dtype=np.float64)
+    V2 = V.reshape(V.shape[0], -1)
+    big = float(np.sqrt((V2 * V2).sum(axis=1)).max()) if V2.shape[1] > 1 else float(np.abs(V2).max())
+    return 2.0 * (V2.shape[0] + 2 * s + V2.shape[1] + 3) * np.finfo(np.float64).eps * max(1.0, big)
+
+
 def forced_error_identity(p: np.ndarray, V: np.ndarray, S) -> float:
     """``E(S)`` by the law of total expectation: ``D(S) * ||m_S - m_{S^c}||`` (0 when S = all)."""
     n = p.shape[0]

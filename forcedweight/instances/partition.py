@@ -31,6 +31,7 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
+from forcedweight.core import operator
 from forcedweight.instances.proofs import MAX_M, prove_balanced, verify_witness
 from forcedweight.errors import InputError
 from forcedweight.io import atomic_path, check_output_dir, progress as progress_bar, write_table_atomic
@@ -57,7 +58,7 @@ def default_bits(m: int) -> int:
     no-instance with high probability (about 90% at m = 40, 37 bits; the generator redraws the
     rest), near enough to the phase transition to be hard for CP-SAT, while the values stay
     small enough that float64 rounding in ``E`` (at most about ``2 (2 m + 4) eps 2**bits``,
-    :func:`forcedweight.certify.solvers.mitm.error_tolerance`) stays well below the smallest gap 1/m.
+    :func:`forcedweight.core.operator.forced_error_rounding`) stays well below the smallest gap 1/m.
     """
     return max(8, min(math.ceil(math.log2(math.comb(m, m // 2))) - 1, honest_bits(m)))
 
@@ -255,12 +256,12 @@ def _manifest(construction: str, m: int, count: int, seed: int, bits: int, kinds
 
 
 def rounding_bound(m: int, bits: int) -> float:
-    """Bound on the float64 rounding of ``E`` for these rows (``solvers.mitm.error_tolerance``).
+    """Bound on the float64 rounding of ``E`` for these rows (``core.operator.forced_error_rounding``).
 
     Compare a certified ES with ``gap`` within this bound; at the default bits it stays at or
     below half the smallest nonzero gap 1/m at every m (``honest_bits``).
     """
-    return 2.0 * (m + 2 * (m // 2) + 4) * float(np.finfo(np.float64).eps) * (2**bits - 1)
+    return operator.forced_error_rounding(np.full(m, 2.0**bits - 1), m // 2)
 
 
 def write_partition(out_dir: str | Path, m: int, count: int, seed: int, bits: int | None = None,

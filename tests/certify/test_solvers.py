@@ -58,22 +58,20 @@ def test_scip_matches_brute_force_every_s(row):
         check_result(res, p, V, s, ref, 2 * REL_EPS)
 
 
-
 def test_scip_proves_a_value_at_the_rounding_of_zero_at_once():
     """A tied row whose best sets cancel exactly (E = 0 in reals) but one of them evaluates to 5.6e-17 in
     float64: no SCIP round can go below that (it ran into its time limit before), so a value at or below
-    ``scip.zero_floor`` (the rounding of E near 0, 8e-14 here) is proved with no round."""
-    from forcedweight.certify.solvers.scip import zero_floor
-
+    ``operator.forced_error_rounding`` (the float64 rounding of E, 1.1e-14 here) is proved with no round."""
     p, V = make_row(1, 6, 2, "tied")
     ref, _ = brute_force_best(p, V, 3)
     res = solve_scip(p, V, 3, incumbent=[0, 1, 5], time_limit=20)
-    assert 0.0 < res.value <= zero_floor(V) and ref == 0.0
+    assert 0.0 < res.value <= op.forced_error_rounding(V, 3) and ref == 0.0
     assert res.proved and res.info["rounds"] == 0
     assert res.lower_bound == res.value and res.tolerance == res.value  # "no set has E < value - tolerance = 0"
     check_result(res, p, V, 3, ref, 2 * REL_EPS)
     above = solve_scip(p, V, 2, time_limit=20)  # values above the floor still go through SCIP's rounds
-    assert above.proved and above.info["rounds"] >= 1 and above.value > zero_floor(V)
+    assert above.proved and above.info["rounds"] >= 1 and above.value > op.forced_error_rounding(V, 2)
+
 
 def test_solvers_on_partition_instances():
     # 1-D integers, uniform mass, s = m/2: ES = 0 iff a balanced equal-sum split exists

@@ -28,7 +28,7 @@ from forcedweight.instances.partition import check_parameters, default_bits
 from forcedweight.errors import InputError
 from forcedweight.rows import validate_row
 from forcedweight.certify.solvers.cpsat import solve_cpsat
-from forcedweight.certify.solvers.mitm import error_tolerance, matches, solve_mitm
+from forcedweight.certify.solvers.mitm import matches, solve_mitm
 
 
 def exact_min_diff(a) -> int:
@@ -125,7 +125,7 @@ def test_mitm_matches_brute_force_for_every_s():
                 assert res.info["numerator"] == exact  # exact integer optimum
                 assert res.best_set.size == s
                 # value is operator.forced_error of the set, so it equals the float reference
-                # up to float64 rounding of E (error_tolerance bounds it)
+                # up to float64 rounding of E (op.forced_error_rounding bounds it)
                 assert res.value == op.forced_error(p, V, res.best_set)
                 assert abs(res.value - value) <= res.tolerance
                 assert abs(res.value - exact / (n * s)) <= res.tolerance
@@ -168,7 +168,7 @@ def test_cpsat_enumeration_and_brute_force_agree_with_answers(m, bits):
         assert res.info["numerator"] == (m // 2) * inst["min_diff"]
         assert abs(res.value - row["gap"]) <= res.tolerance
         value, best = enumerate_best(p, V, np.arange(m), s)
-        tol = error_tolerance(inst["integers"], s)  # float64 rounding of E at these magnitudes
+        tol = op.forced_error_rounding(inst["integers"], s)  # float64 rounding of E at these magnitudes
         assert abs(value - row["gap"]) <= tol
         assert (abs(2 * int(inst["integers"][best].sum()) - int(inst["integers"].sum())) == inst["min_diff"])
         if m <= 16:
@@ -186,7 +186,7 @@ def test_scip_agrees_with_answers(m):
         res = solve_scip(p, V, row["s"], time_limit=30.0)
         assert res.proved and res.solver == "scip"
         # SCIP's proof is relative (res.tolerance); E itself carries float64 rounding
-        assert abs(res.value - row["gap"]) <= res.tolerance + error_tolerance(inst["integers"], row["s"])
+        assert abs(res.value - row["gap"]) <= res.tolerance + op.forced_error_rounding(inst["integers"], row["s"])
         a = inst["integers"]
         assert abs(2 * int(a[res.best_set].sum()) - int(a.sum())) == inst["min_diff"]
 
@@ -265,7 +265,7 @@ def test_write_partition_file_and_manifest(tmp_path):
     assert manifest["count_by_kind"] == {"no": 3, "near_miss": 2}
     assert manifest["bits"] == default_bits(12)
     a_max = np.array([2 ** manifest["bits"] - 1] * 12)
-    assert manifest["e_rounding_bound"] == error_tolerance(a_max, 6) < 1 / 12
+    assert manifest["e_rounding_bound"] == op.forced_error_rounding(a_max, 6) < 1 / 12
 
 
 def test_cli_writes_both_constructions(tmp_path):
@@ -313,7 +313,7 @@ def test_certify_agrees_with_the_proved_answers(tmp_path, construction, solver):
     assert [r["kind"] for r in recs] == ["yes", "no", "near_miss"]
     for r in recs:
         a = np.asarray(r["integers"], dtype=np.int64)
-        tol = error_tolerance(a, 14)  # float64 rounding of E at these magnitudes
+        tol = op.forced_error_rounding(a, 14)  # float64 rounding of E at these magnitudes
         assert r["proved"] and r["status"] == "optimal"
         want = "cpsat" if solver == "cpsat" else "mitm"
         # a yes-instance whose witness already lies in the pool has E = 0 there: optimal with no search

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from forcedweight.core import operator
-from forcedweight.certify.solvers.mitm import error_tolerance, integer_values
+from forcedweight.certify.solvers.mitm import integer_values
 from forcedweight.certify.solvers.result import SolverResult
 
 INT64_SAFE = 2**62
@@ -93,7 +93,7 @@ def solve_cpsat(
     status = solver.Solve(model)
 
     scale = g / (n * s)
-    tol = error_tolerance(a, s)
+    tol = operator.forced_error_rounding(a, s)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         kept = np.array([i for i in range(n) if solver.Value(x[i])], dtype=np.int64)
     elif incumbent is not None:

@@ -94,15 +94,6 @@ def _mask_indices(mask: int, offset: int, width: int) -> list[int]:
     return [offset + j for j in range(width) if mask >> j & 1]
 
 
-def error_tolerance(a: np.ndarray, s: int) -> float:
-    """First-order bound on the float64 rounding of ``operator.forced_error`` for these values.
-
-    ``mu`` is off by at most ``N eps max|a|``, the centred terms and their sum by about
-    ``(2 s + 4) eps max|a| / w`` in total; doubled for safety: ``2 (N + 2 s + 4) eps max|a|``.
-    """
-    return 2.0 * (a.size + 2 * s + 4) * np.finfo(np.float64).eps * max(1.0, float(np.abs(a).max()))
-
-
 def solve_mitm(p: np.ndarray, V: np.ndarray, s: int, time_limit: float = 10.0) -> SolverResult:
     """Exact ``ES(s)`` over all N keys for a uniform-mass 1-D integer row.
 
@@ -128,7 +119,7 @@ def solve_mitm(p: np.ndarray, V: np.ndarray, s: int, time_limit: float = 10.0) -
     n = a.size
     if not 1 <= s <= n:
         raise ValueError(f"budget s={s} outside [1, {n}]")
-    tol = error_tolerance(a, s)
+    tol = operator.forced_error_rounding(a, s)
     total = int(a.sum())
     q, r = divmod(s * total, n)  # ideal kept sum = q + r/n, 0 <= r < n
     h = n // 2

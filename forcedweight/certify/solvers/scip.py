@@ -75,17 +75,6 @@ def _round(A, p, s, t, nogoods, time_left):
     return "limit", None
 
 
-def zero_floor(V) -> float:
-    """The float64 rounding of E near 0 on a row of values V (N, d): ``32 (N + d) eps max_i ||v_i||``.
-
-    E(S) = ||sum_S p_i (v_i - mu)|| / p(S) is a sum of N + d rounded terms, each at most about
-    ``2 max ||v_i||`` over p(S); a set whose computed E is at or below this floor may be an exact 0.
-    """
-    V = np.asarray(V, dtype=np.float64)
-    n, d = V.shape
-    return 32.0 * (n + d) * float(np.finfo(np.float64).eps) * float(np.sqrt((V * V).sum(axis=1)).max())
-
-
 def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> SolverResult:
     """Exact ES(s) over all N keys by rounds of SCIP cone-infeasibility proofs.
 
@@ -99,8 +88,9 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
     -------
     SolverResult(solver="scip"). ``proved``: SCIP proved that no set has
     ``E < (1 - REL_EPS) * value``; ``tolerance = REL_EPS * value``. A value at or below
-    ``zero_floor(V)`` is proved at once with ``tolerance = value`` (no set has E < 0; below the floor a
-    round could never end: SCIP's tolerances cannot separate it from an exact 0). (Feasibility tolerances only
+    ``operator.forced_error_rounding(V, s)`` (the float64 rounding of E) is proved at once with
+    ``tolerance = value`` (no set has E < 0; below that floor a round could never end: SCIP's
+    tolerances cannot separate it from an exact 0). (Feasibility tolerances only
     make SCIP accept a point more easily; every point is re-evaluated exactly, and one that is no
     real improvement is cut off by a no-good constraint.) Unsolved: ``lower_bound = 0`` (a fixed-t round proves nothing until it
     finishes).
@@ -115,7 +105,7 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
     if incumbent is None:
         best, _ = swap_search(p, V, best, max_swaps=POLISH_SWAPS, A=A)
     value = op.forced_error(p, V, best, A)
-    floor = zero_floor(V)
+    floor = op.forced_error_rounding(V, s)
     rounds, nogoods = 0, []
     proved = False
     while value > floor:
