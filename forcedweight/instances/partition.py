@@ -42,9 +42,10 @@ MAX_DRAWS = 10_000
 
 def honest_bits(m: int) -> int:
     """The most bits per integer whose float64 rounding bound (``rounding_bound``) stays at or below
-    half the smallest nonzero gap, ``1 / (2 m)``, so a certified ES is never confused with a gap."""
-    eps = float(np.finfo(np.float64).eps)
-    return int(math.floor(math.log2(1.0 / (2.0 * m * 2.0 * (2 * m + 4) * eps) + 1.0)))
+    half the smallest nonzero gap, ``1 / (2 m)``, so a certified ES is never confused with a gap.
+    The bound is ``unit * (2**bits - 1)``, with ``unit`` its value for integers of magnitude 1."""
+    unit = operator.forced_error_rounding(np.ones(m), m // 2)
+    return int(math.floor(math.log2(1.0 / (2.0 * m * unit) + 1.0)))
 
 
 def default_bits(m: int) -> int:
