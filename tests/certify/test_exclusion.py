@@ -49,7 +49,7 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
     A0 = op.centred_contributions(p, V)
     order = bnb.search_order(A0, p) if seed % 4 < 2 else op.rank_order(p)  # the tests are order-free
     A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, order, s)
-    mx, buf, bidx, h, zs, zc, _, dirn = node_scratch(nrm, s, NREF)
+    mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, NREF)
     dropped = checked = 0
     for trial in range(40):
         t = int(rng.integers(1, s - 1))  # r = s - t >= 2
@@ -63,13 +63,15 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
         lam = float(E.min() * rng.choice([0.6, 0.95, 1.05, 1.4]))  # some nodes hold sets below lam
         L = np.concatenate([R, np.full(n - R.size, -1)]).astype(np.int64)
         nref = int(rng.choice([0, 2, NREF]))
-        ok = _node_lb_ok(t, L, 0, R.size, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx,
-                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, dirn)
+        cs_at = np.where(L >= 0, cs[:, L], np.nan)  # the search keeps cs by position in L
+        ok = _node_lb_ok(t, L, 0, R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, use_box, lam, gamma, mx,
+                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, dirn, gc, gk)
         if not ok:
             assert E.min() >= lam * (1 - 1e-12)  # a pruned node holds no set below lam
             continue
-        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn)
+        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs_at, lam, mx, wtop, buf, bidx, h, dirn)
         kept = set(L[:end].tolist())
+        np.testing.assert_array_equal(cs_at[t, :end], cs[t, L[:end]])  # the sums moved with their keys
         assert kept <= set(R.tolist()) and np.all(np.diff(L[:end]) > 0)  # a subset, order kept
         for Z, e in zip(comps, E):
             if e < lam * (1 - 1e-12):  # every key of a set below lam stays

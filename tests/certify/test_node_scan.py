@@ -1,24 +1,27 @@
 """The projection test's early-stopped scans (``node_tests._node_lb_ok``) against a full NumPy scan.
 
 The Numba test stops reading the keys once no later one can enter the r smallest and fills the
-supergradient sums ``h`` only as far as it reads. The reference below computes every quantity over
+supergradient sums ``h`` only as far as it reads, by position in the candidate list, from Gram rows it
+keeps compacted to those positions (the step loop). The reference below computes every quantity over
 all of R, in the same floating-point order, so the two must agree bit for bit: the verdict and the
-r smallest (values and keys) of the last scan.
+r smallest (values and keys) of the last scan, on range nodes and on thinned candidate lists.
 """
 
 import numpy as np
 import pytest
 
 from forcedweight.certify.solvers import bnb
-from forcedweight.certify.solvers.node_tests import DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, mass_tops, suffix_max
+from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, ROW_SLOTS, THETA, _EPS, _node_lb_ok, mass_tops,
+                                                     suffix_max)
 from forcedweight.core import operator as op
 
 
-def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
-    """Verdict and last r smallest of the mass and projection tests, every key of R read."""
+def _reference(t, R, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
+    """Verdict and last r smallest of the mass and projection tests, every key of R (sorted) read."""
     N = pw.shape[0]
     r = s - t
-    if N - k < r or ws[t] + wtop[k, r] <= 0.0:
+    k = R[0]
+    if R.size < r or ws[t] + wtop[k, r] <= 0.0:
         return False, None
     ny2 = 0.0
     for q in range(ys.shape[1]):
@@ -28,7 +31,7 @@ def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
         return True, None
 
     def smallest(g):
-        z = k + np.argsort(g[k:], kind="stable")[:r]  # ties to the lower key, as the insertion does
+        z = R[np.argsort(g[R], kind="stable")[:r]]  # ties to the lower key, as the insertion does
         acc = 0.0
         for x in g[z]:
             acc += x
@@ -36,7 +39,7 @@ def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
 
     err = gamma * bs[t] / ny
     g = np.full(N, np.nan)
-    g[k:] = (cs[t, k:] / ny - err * nrm[k:]) - lam * pw[k:]
+    g[R] = (cs[t, R] / ny - err * nrm[R]) - lam * pw[R]
     z, acc = smallest(g)
     if ny - lam * ws[t] + acc >= 0.0:
         return False, (g[z], z)
@@ -62,7 +65,7 @@ def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
         bz += eta * bs[t]
         for zi in z:
             bz += eta * nrm[zi]
-            h[k:] += eta * G[zi, k:]
+            h[R] += eta * G[zi, R]
         nz += r
         kap2 = 4.0 * (ys.shape[1] + nz + 2 * s + 8) * _EPS
         nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
@@ -70,7 +73,7 @@ def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
             break
         dot = vy - kap2 * bz * bs[t]
         err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
-        g[k:] = ((alpha * cs[t, k:] + h[k:]) / nv - err * nrm[k:]) - lam * pw[k:]
+        g[R] = ((alpha * cs[t, R] + h[R]) / nv - err * nrm[R]) - lam * pw[R]
         z, acc = smallest(g)
         if dot / nv - lam * ws[t] + acc >= 0.0:
             return False, (g[z], z)
@@ -79,9 +82,13 @@ def _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("order_by", ["search", "mass"])
-def test_early_stopped_scans_equal_the_full_scan(seed, order_by):
+@pytest.mark.parametrize("layout", ["range", "list"])
+def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     """Heavy-tailed masses (most keys light, as on long real rows): the scans stop early (the
-    untouched tail of h shows it), and verdicts and r smallest equal the full reference exactly."""
+    untouched tail of h shows it), and verdicts and r smallest equal the full reference exactly.
+    ``range``: the node R = k..N-1 of ``keys = arange(N)``; ``list``: R a thinned sorted subset of the
+    keys from k on, placed after other keys in its list (as the search's levels are after exclusion),
+    so positions and keys differ; the compacted Gram rows' scratch is reused from trial to trial."""
     rng = np.random.default_rng(seed)
     N, d, s = 400, 6, 6
     p = np.exp(3.0 * rng.normal(size=N))
@@ -91,11 +98,21 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by):
     order = bnb.search_order(A0, p) if order_by == "search" else op.rank_order(p)  # the scans are order-free
     A, pw, nrm, G, lo, hi, _, _, gamma, wtop = bnb._prepared(A0, p, order, s)
     mx = suffix_max(nrm)
+    gc, gk = np.full((ROW_SLOTS, N), np.nan), np.zeros((2, ROW_SLOTS), np.int64)  # stale slots between trials
     stopped = compared = 0
     for trial in range(60):
         t = int(rng.integers(1, s))
         T = np.sort(rng.choice(40, size=t, replace=False))
         k = int(rng.integers(T[-1] + 1, 60))
+        if layout == "range":
+            L, p0, R = np.arange(N), k, np.arange(k, N)
+        else:
+            R = np.flatnonzero(rng.random(N - k) < rng.choice([0.1, 0.5, 0.9])) + k
+            if R.size == 0:
+                R = np.array([k])
+            before = np.sort(rng.choice(np.arange(R[0]), size=min(int(rng.integers(0, 30)), R[0]), replace=False))
+            L = np.concatenate([before, R, np.full(N, -1)]).astype(np.int64)
+            p0 = before.size
         ys = np.zeros((s + 1, d))
         ws, bs, cs = np.zeros(s + 1), np.zeros(s + 1), np.zeros((s + 1, N))
         for j in T:  # level t in the search's order of sums
@@ -109,16 +126,17 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by):
         buf, bidx = np.full(s, np.nan), np.zeros(s, np.int64)
         h = np.full(N, np.nan)
         zs, zc = np.zeros(NREF * s, np.int64), np.zeros(NREF * s)
-        ok = _node_lb_ok(t, np.arange(N), k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, False, lam, gamma, mx,
-                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, np.zeros(DIRN))
-        ref_ok, last = _reference(t, k, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
+        cs_at = np.where(L >= 0, cs[:, L], np.nan)  # the search keeps cs by position in L
+        ok = _node_lb_ok(t, L, p0, p0 + R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, False, lam, gamma, mx,
+                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, np.zeros(DIRN), gc, gk)
+        ref_ok, last = _reference(t, R, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
         assert ok == ref_ok
         if last is not None:
             r = s - t
             np.testing.assert_array_equal(buf[:r], last[0])  # bit for bit
-            np.testing.assert_array_equal(bidx[:r], last[1])
+            np.testing.assert_array_equal(L[bidx[:r]], last[1])  # bidx: positions in L
             compared += 1
-        stopped += bool(np.isnan(h[k:]).any())
+        stopped += bool(np.isnan(h[p0:p0 + R.size]).any())
     assert compared >= 30
     assert stopped >= 10  # the early stop happened (h left untouched beyond the last key read)
 

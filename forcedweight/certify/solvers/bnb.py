@@ -94,7 +94,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
     complete, or the siblings it was given at level ``floor``: ``subtrees`` hands threads such parts;
     0 = the whole search)."""
     N, d = A.shape
-    mx, buf, bidx, h, zs, zc, _, dirn = node_scratch(nrm, s, nref)
+    mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, nref)
     t = state[0]
     nodes = 0
     while nodes < budget:
@@ -105,7 +105,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
         r = s - t
         Lt = L[t]
         ok = _node_lb_ok(t, Lt, p0, Ln[t], s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, mx, wtop, buf, bidx, h, zs, zc, nref, theta, decay, dirn)
+                         gamma, mx, wtop, buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk)
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
@@ -122,7 +122,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
                     continue
                 bv = bs[t] + nrm[kk]
                 lam = best[0] * (1.0 - rel_tol)
-                n2 = n2T + 2.0 * cs[t, kk] + G[kk, kk]
+                n2 = n2T + 2.0 * cs[t, i] + G[kk, kk]
                 if n2 - kappa * bv * bv < (lam * wv) * (lam * wv):
                     acc = 0.0
                     for q in range(d):
@@ -156,7 +156,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
             for i in range(p0 + 1, Ln[t]):
                 kk = Lt[i]
                 L[t + 1, m] = kk
-                cs[t + 1, kk] = cs[t, kk] + G[k, kk]
+                cs[t + 1, m] = cs[t, i] + G[k, kk]
                 m += 1
             Ln[t + 1] = m
             t += 1

@@ -131,7 +131,7 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
     ws1 = np.zeros(2)
     bs1 = np.zeros(2)
     cs1 = np.zeros((2, N))
-    mx, buf, bidx, h, zs, zc, keys_all, dirn = node_scratch(nrm, s, NREF)
+    mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
     cur = min(top, cur0)
     work = 0.0
     out[0] = -1
@@ -149,7 +149,7 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
         for kk in range(k + 1, N):
             cs1[1, kk] = G[k, kk]
         v = _node_value(1, keys_all, k + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
-                        gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
+                        gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
         work += (N - k) * (iters + 1 if v < cur else 1)
         if v < cur and relax_iters > 0:
             v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur,
@@ -184,7 +184,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
-    mx, buf, bidx, h, zs, zc, keys_all, dirn = node_scratch(nrm, s, NREF)
+    mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
     rq = min(RELAX_QUICK, relax_iters)
     spent = 0.0
     while True:
@@ -217,7 +217,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
         if state[i] == 0:
             # (1) its own full bound
             v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, wtop,
-                            buf, bidx, h, zs, zc, dirn, iters)
+                            buf, bidx, h, zs, zc, dirn, iters, gc, gk)
             spent += (N - k) * (iters + 1) + N * t
             if v < top and relax_iters > 0 and N - k >= s - t:
                 ri = min(relax_iters, POP_RELAX)
@@ -261,10 +261,10 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
             stats[2] += 1
             # dropped when proved at top (one test); otherwise bounded, capped at the running minimum
             if not _node_lb_ok(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top,
-                               gamma, mx, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
+                               gamma, mx, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
                 continue
             v = _node_value(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, cur,
-                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
+                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
             spent += (N - j) * (iters + 1 if v < cur else 1)
             if v < cur and rq > 0:
                 v = max(v, relax_bound(ys[t + 1], ws[t + 1], A, pw, nrm, j + 1, s - t - 1, cur, rq, 0))
@@ -376,7 +376,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
     if t_cur > 0:
-        mx, buf, bidx, h, zs, zc, keys_all, dirn = node_scratch(nrm, s, NREF)
+        mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
         # the first-level node {idx[0]} holds every deeper open node
         ys1 = np.zeros((2, d))
         ws1 = np.zeros(2)
@@ -390,14 +390,14 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
         for kk in range(k0 + 1, N):
             cs1[1, kk] = G[k0, kk]
         first = _node_value(1, keys_all, k0 + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
-                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters)
+                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
         if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
             first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best,
                                         _relax_left(relax_iters, deadline)))
         for t in range(1, t_cur + 1):
             k = idx[t] + (1 if t < t_cur else 0)
             v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, mx, wtop,
-                            buf, bidx, h, zs, zc, dirn, iters)
+                            buf, bidx, h, zs, zc, dirn, iters, gc, gk)
             if v < best and relax_iters > 0 and N - k >= s - t:
                 v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, _relax_left(relax_iters, deadline)))
             v = max(v, first)

@@ -9,7 +9,8 @@ have ``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstr
 candidates that no completion with ``E < lam`` can hold (reduced-cost fixing with the test's
 direction). Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
 ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix, ``lo``/``hi`` box tables, ``ys`` (levels, d),
-``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, j] = <y_T, a_j>`` from Gram rows, needed for
+``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's list, from
+Gram rows, needed for
 the candidates), ``mx`` (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1) suffix mass tops
 (``mass_tops``; ``wtop[j, 1]`` is the largest mass from key j on); scratch ``buf``, ``bidx``, ``h``, ``zs``,
 ``zc``, ``dirn`` (``node_scratch``).
@@ -18,7 +19,7 @@ the candidates), ``mx`` (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 _EPS = float(np.finfo(np.float64).eps)
 NREF = 8  # supergradient steps on the direction u per node (projection test)
@@ -101,16 +102,19 @@ def mass_tops(pw, s):
 
 
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
+ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate positions (node_scratch's gc)
 
 
 @njit(cache=True)
 def node_scratch(nrm, s, nref):
     """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``nref`` steps:
-    ``(mx, buf, bidx, h, zs, zc, keys, dirn)`` (``mx = suffix_max(nrm)``, ``keys = arange(N)``, the
-    candidate list of a range node ``R = k..N-1``; the rest scratch)."""
+    ``(mx, buf, bidx, h, zs, zc, keys, dirn, gc, gk)`` (``mx = suffix_max(nrm)``, ``keys = arange(N)``,
+    the candidate list of a range node ``R = k..N-1``; the rest scratch: ``gc`` (ROW_SLOTS, N) and
+    ``gk`` (2, ROW_SLOTS) are the compacted Gram rows of ``_node_lb_ok``'s steps)."""
     N = nrm.shape[0]
     return (suffix_max(nrm), np.empty(s), np.zeros(s, np.int64), np.zeros(N), np.zeros(nref * s, np.int64),
-            np.zeros(nref * s), np.arange(N), np.zeros(DIRN))
+            np.zeros(nref * s), np.arange(N), np.zeros(DIRN), np.empty((ROW_SLOTS, N)),
+            np.zeros((2, ROW_SLOTS), np.int64))
 
 
 @njit(cache=True)
@@ -151,7 +155,7 @@ def _h_at(kk, G, zs, zc, nzl):
 
 @njit(cache=True)
 def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, wtop,
-                buf, bidx, h, zs, zc, nref, theta, decay, dirn):
+                buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk):
     """True when node (T = level t, candidates ``R = L[p0:ln]``) may contain a set with E < lam.
 
     ``L`` holds key indices in increasing order (the search's order); a range node ``R = k..N-1``
@@ -164,8 +168,10 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     enter, since ``g >= -||a|| - lam p`` and both maxima are over the keys from kk on. The sum and
     the keys found are those of the full scan, so the test (and the search) is unchanged; in the
     search's order (norms descending) a scan reads a small share of R on long rows.
-    Scratch: ``buf``/``bidx`` (s,), ``h`` (N,), ``zs``/``zc`` (nref * s,) (the supergradient steps'
-    keys and coefficients, so ``h`` is filled only as far as a scan reads). When the node passes
+    Scratch: ``buf``/``bidx`` (s,) (the r smallest and their positions in ``L``), ``h`` (N,) (the
+    steps' sums by position in ``L``), ``zs``/``zc`` (nref * s,) (the supergradient steps' keys and
+    coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS, N) /
+    (2, ROW_SLOTS) (the steps' Gram rows compacted to the positions, see the step loop). When the node passes
     after the projection test, ``dirn`` (DIRN,) holds its last direction for ``_exclude``
     (``dirn[0] = 1``; 0 when there is none).
     """
@@ -208,8 +214,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         kk = L[i]
         if n == r and buf[r - 1] <= -(c * mx[kk] + lp * wtop[kk, 1]):
             break
-        n = _insert((cs[t, kk] / ny - err * nrm[kk]) - lam * pw[kk], kk, n, r, buf, bidx)
-        h[kk] = 0.0
+        n = _insert((cs[t, i] / ny - err * nrm[kk]) - lam * pw[kk], i, n, r, buf, bidx)
+        h[i] = 0.0
         hv = i + 1
     tot = ny - lam * ws[t] + _sum_r(buf, r)
     if tot >= 0.0:
@@ -231,17 +237,19 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     nz = 0
     nv = 1.0
     dot = ny
+    nslot = 0
     for step in range(nref):
         vg = vy
         yg = ny2
         gg = ny2
         for i in range(r):
-            z = bidx[i]
-            vg += alpha * cs[t, z] + h[z]
-            yg += cs[t, z]
-            gg += 2.0 * cs[t, z]
+            zi = bidx[i]
+            z = L[zi]
+            vg += alpha * cs[t, zi] + h[zi]
+            yg += cs[t, zi]
+            gg += 2.0 * cs[t, zi]
             for i2 in range(r):
-                gg += G[z, bidx[i2]]
+                gg += G[z, L[bidx[i2]]]
         if not gg > 0.0:
             break
         eta = theta / ((step + 1.0) ** decay * np.sqrt(gg))
@@ -250,11 +258,37 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         alpha += eta
         bz += eta * bs[t]
         for i in range(r):
-            z = bidx[i]
+            z = L[bidx[i]]
             bz += eta * nrm[z]
-            for ii in range(p0, hv):
-                kk = L[ii]
-                h[kk] += eta * G[z, kk]
+            # h[p0:hv] += eta G[z, L[p0:hv]]. z's Gram row is kept compacted to these positions
+            # (gc[slot, :hv - p0]; gk[0, slot] = z, gk[1, slot] = how far it is filled), so a later
+            # step of this test that meets z again adds a contiguous row (vectorised) instead of
+            # gathering G[z, L[i]] again: the same additions in the same order, bit for bit. With
+            # every slot taken, the row is gathered as before. Written here, not in a function: a
+            # call counts references to its arrays (20 M calls on a hard row). Unsigned indices:
+            # no negative-index wrap, so the loops vectorise.
+            sl = -1
+            for j in range(nslot):
+                if gk[0, j] == z:
+                    sl = j
+                    break
+            if sl < 0 and nslot < gc.shape[0]:
+                sl = nslot
+                nslot += 1
+                gk[0, sl] = z
+                gk[1, sl] = 0
+            if sl < 0:
+                for ii in range(p0, hv):
+                    h[ii] += eta * G[z, L[ii]]
+            else:
+                m = hv - p0
+                u0 = uint64(p0)
+                for ii in range(gk[1, sl], m):
+                    gc[sl, uint64(ii)] = G[z, L[u0 + uint64(ii)]]
+                if m > gk[1, sl]:
+                    gk[1, sl] = m
+                for ii in range(m):
+                    h[u0 + uint64(ii)] += eta * gc[sl, uint64(ii)]
             zs[nz + i] = z
             zc[nz + i] = eta
         nz += r
@@ -271,10 +305,10 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
             if n == r and buf[r - 1] <= -(c * mx[kk] + lp * wtop[kk, 1]):
                 break
             if i >= hv:
-                h[kk] = _h_at(kk, G, zs, zc, nz)
+                h[i] = _h_at(kk, G, zs, zc, nz)
                 hv = i + 1
-            n = _insert(((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk],
-                        kk, n, r, buf, bidx)
+            n = _insert(((alpha * cs[t, i] + h[i]) / nv - err * nrm[kk]) - lam * pw[kk],
+                        i, n, r, buf, bidx)
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
             return False
@@ -289,18 +323,18 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
 
 
 @njit(cache=True)
-def _among(kk, bidx, m):
-    """Whether key ``kk`` is one of ``bidx[:m]`` (the keys of the m smallest a scan kept)."""
-    for i in range(m):
-        if bidx[i] == kk:
+def _among(i, bidx, m):
+    """Whether position ``i`` is one of ``bidx[:m]`` (the positions of the m smallest a scan kept)."""
+    for j in range(m):
+        if bidx[j] == i:
             return True
     return False
 
 
 @njit(cache=True)
 def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn):
-    """Drop from ``L[p0:ln]`` (in place, order kept) every key in no completion with E < lam;
-    returns the new end. Valid after ``_node_lb_ok`` passed this node with ``dirn[0] == 1``.
+    """Drop from ``L[p0:ln]`` (in place, order kept, with their ``cs[t]`` entries) every key in no
+    completion with E < lam; returns the new end. Valid after ``_node_lb_ok`` passed this node with ``dirn[0] == 1``.
 
     Reduced-cost fixing with the test's last direction u: for a completion Z (r keys of R) that
     holds key j, ``<y_T + y_Z, u> - lam w(T + Z) >= <y_T, u> - lam w_T + g_j + (sum of the r - 1
@@ -329,24 +363,27 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
         kk = L[i]
         if base >= c * mx[kk] + lp * wtop[kk, 1]:  # no key from here on can stay
             for i2 in range(i, ln):
-                if _among(L[i2], bidx, r - 1):
+                if _among(i2, bidx, r - 1):
                     L[j] = L[i2]
+                    cs[t, j] = cs[t, i2]
                     j += 1
             return j
         if i >= hv:  # a key no scan read (on long rows most are light): kept, not evaluated
             L[j] = kk
+            cs[t, j] = cs[t, i]
             j += 1
             continue
-        g = ((alpha * cs[t, kk] + h[kk]) / nv - err * nrm[kk]) - lam * pw[kk]
-        if base + g < 0.0 or _among(kk, bidx, r - 1):
+        g = ((alpha * cs[t, i] + h[i]) / nv - err * nrm[kk]) - lam * pw[kk]
+        if base + g < 0.0 or _among(i, bidx, r - 1):
             L[j] = kk
+            cs[t, j] = cs[t, i]
             j += 1
     return j
 
 
 @njit(cache=True)
 def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, wtop,
-                buf, bidx, h, zs, zc, dirn, iters):
+                buf, bidx, h, zs, zc, dirn, iters, gc, gk):
     """A proved lower bound on E over node (level t, candidates ``L[p0:ln]``), capped at ``top``.
 
     ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
@@ -354,14 +391,14 @@ def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     there, 0 when nothing is).
     """
     if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
-                       wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
+                       wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
         return top
     lo_l = 0.0
     hi_l = top
     for _ in range(iters):
         mid = 0.5 * (lo_l + hi_l)
         if _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, mx,
-                       wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn):
+                       wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
             hi_l = mid
         else:
             lo_l = mid

@@ -45,7 +45,8 @@ def next_batch(budget: int, seconds: float, least: int = 100) -> int:
 
 class SearchState:
     """One depth-first search's arrays (``bnb._search``'s): ``pos`` (s+1,), ``L`` (s+1, N), ``Ln``
-    (s+1,), ``state`` (5+s,), ``ys`` (s+1, d), ``ws``/``bs`` (s+1,), ``cs`` (s+1, N); and its
+    (s+1,), ``state`` (5+s,), ``ys`` (s+1, d), ``ws``/``bs`` (s+1,), ``cs`` (s+1, N) (by position in
+    ``L``, as ``node_tests``); and its
     ``floor`` (the shallowest level it may backtrack to; 0 = the whole search)."""
 
     def __init__(self, N: int, s: int, d: int):
@@ -100,6 +101,7 @@ class SearchState:
             new.ws[:t + 1] = self.ws[:t + 1]
             new.bs[:t + 1] = self.bs[:t + 1]
             new.cs[:t + 1] = self.cs[:t + 1]
+            new.cs[t, :left] = self.cs[t, self.pos[t] + 1:self.Ln[t]]  # by position, as L[t]
             new.state[0] = t
             new.floor = t
             self.floor = t + 1
