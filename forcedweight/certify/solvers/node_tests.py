@@ -208,14 +208,25 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     err = gamma * bs[t] / ny
     c = 1.0 + 2.0 * err + SAFE
     lp = lam * (1.0 + SAFE)
+    # The scans index with unsigned integers (no negative-index wrap: fewer instructions a key)
+    # and keep buf[r - 1] as ``worst`` (inf until r keys are in): a key that cannot enter the r
+    # smallest is not passed to _insert, which would return it unchanged.
+    cst = cs[t]
     n = 0
+    worst = np.inf
     hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
     for i in range(p0, ln):
-        kk = L[i]
-        if n == r and buf[r - 1] <= -(c * mx[kk] + lp * wtop[kk, 1]):
+        ui = uint64(i)
+        kk = L[ui]
+        uk = uint64(kk)
+        if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
             break
-        n = _insert((cs[t, i] / ny - err * nrm[kk]) - lam * pw[kk], i, n, r, buf, bidx)
-        h[i] = 0.0
+        x = (cst[ui] / ny - err * nrm[uk]) - lam * pw[uk]
+        if n < r or x < worst:
+            n = _insert(x, i, n, r, buf, bidx)
+            if n == r:
+                worst = buf[r - 1]
+        h[ui] = 0.0
         hv = i + 1
     tot = ny - lam * ws[t] + _sum_r(buf, r)
     if tot >= 0.0:
@@ -300,15 +311,21 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
         c = 1.0 + 2.0 * err + SAFE
         n = 0
+        worst = np.inf
         for i in range(p0, ln):
-            kk = L[i]
-            if n == r and buf[r - 1] <= -(c * mx[kk] + lp * wtop[kk, 1]):
+            ui = uint64(i)
+            kk = L[ui]
+            uk = uint64(kk)
+            if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
                 break
             if i >= hv:
-                h[i] = _h_at(kk, G, zs, zc, nz)
+                h[ui] = _h_at(kk, G, zs, zc, nz)
                 hv = i + 1
-            n = _insert(((alpha * cs[t, i] + h[i]) / nv - err * nrm[kk]) - lam * pw[kk],
-                        i, n, r, buf, bidx)
+            x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+            if n < r or x < worst:
+                n = _insert(x, i, n, r, buf, bidx)
+                if n == r:
+                    worst = buf[r - 1]
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
             return False
