@@ -148,8 +148,9 @@ def _sum_r(buf, r):
 def _h_at(kk, G, zs, zc, nzl):
     """h[kk] = sum_j zc[j] G[zs[j], kk], summed in list order (as the steps would have added it)."""
     acc = 0.0
+    uk = uint64(kk)
     for j in range(nzl):
-        acc += zc[j] * G[zs[j], kk]
+        acc += zc[j] * G[uint64(zs[j]), uk]
     return acc
 
 
@@ -295,7 +296,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
                 m = hv - p0
                 u0 = uint64(p0)
                 for ii in range(gk[1, sl], m):
-                    gc[sl, uint64(ii)] = G[z, L[u0 + uint64(ii)]]
+                    gc[sl, uint64(ii)] = G[z, uint64(L[u0 + uint64(ii)])]
                 if m > gk[1, sl]:
                     gk[1, sl] = m
                 for ii in range(m):
@@ -375,25 +376,28 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
         base += buf[i]
     c = 1.0 + 2.0 * err + SAFE
     lp = lam * (1.0 + SAFE)
+    cst = cs[t]
     j = p0
     for i in range(p0, ln):
-        kk = L[i]
-        if base >= c * mx[kk] + lp * wtop[kk, 1]:  # no key from here on can stay
+        ui = uint64(i)  # unsigned indices: no negative-index wrap
+        kk = L[ui]
+        uk = uint64(kk)
+        if base >= c * mx[uk] + lp * wtop[uk, 1]:  # no key from here on can stay
             for i2 in range(i, ln):
                 if _among(i2, bidx, r - 1):
                     L[j] = L[i2]
-                    cs[t, j] = cs[t, i2]
+                    cst[j] = cst[i2]
                     j += 1
             return j
         if i >= hv:  # a key no scan read (on long rows most are light): kept, not evaluated
             L[j] = kk
-            cs[t, j] = cs[t, i]
+            cst[j] = cst[ui]
             j += 1
             continue
-        g = ((alpha * cs[t, i] + h[i]) / nv - err * nrm[kk]) - lam * pw[kk]
+        g = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
         if base + g < 0.0 or _among(i, bidx, r - 1):
             L[j] = kk
-            cs[t, j] = cs[t, i]
+            cst[j] = cst[ui]
             j += 1
     return j
 
