@@ -146,7 +146,7 @@ def _sum_r(buf, r):
 
 @njit(cache=True)
 def _h_at(kk, G, zs, zc, nzl):
-    """h[kk] = sum_j zc[j] G[zs[j], kk], summed in list order (as the steps would have added it)."""
+    """The steps' sum for key kk, sum_j zc[j] G[zs[j], kk], in list order (as the steps would have added it)."""
     acc = 0.0
     uk = uint64(kk)
     for j in range(nzl):
@@ -234,7 +234,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         return False
     # supergradient ascent on u: the test value is concave in u and its supergradient at u
     # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
-    # v = alpha y_T + sum_j c_j a_{z_j}, and h[kk] = sum_j c_j <a_{z_j}, a_kk> (from the
+    # v = alpha y_T + sum_j c_j a_{z_j}, and h[i] = sum_j c_j <a_{z_j}, a_L[i]> (from the
     # Gram matrix) is accumulated step by step, so a step costs r (keys read) + r^2, with no
     # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
     # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
