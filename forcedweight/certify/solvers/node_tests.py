@@ -9,11 +9,10 @@ have ``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstr
 candidates that no completion with ``E < lam`` can hold (reduced-cost fixing with the test's
 direction). Arrays: ``A`` (N, d) contributions in the search's order and basis, ``pw`` (N,) masses,
 ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix, ``lo``/``hi`` box tables, ``ys`` (levels, d),
-``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's list, from
-Gram rows, needed for
-the candidates), ``mx`` (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1) suffix mass tops
-(``mass_tops``; ``wtop[j, 1]`` is the largest mass from key j on); scratch ``buf``, ``bidx``, ``h``, ``zs``,
-``zc``, ``dirn`` (``node_scratch``).
+``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's
+candidate list ``L``, from Gram rows), ``mx`` (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1)
+suffix mass tops (``mass_tops``; ``wtop[j, 1]`` is the largest mass from key j on); scratch ``buf``,
+``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``, ``gk`` (``node_scratch``).
 """
 
 from __future__ import annotations
@@ -172,9 +171,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     Scratch: ``buf``/``bidx`` (s,) (the r smallest and their positions in ``L``), ``h`` (N,) (the
     steps' sums by position in ``L``), ``zs``/``zc`` (nref * s,) (the supergradient steps' keys and
     coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS, N) /
-    (2, ROW_SLOTS) (the steps' Gram rows compacted to the positions, see the step loop). When the node passes
-    after the projection test, ``dirn`` (DIRN,) holds its last direction for ``_exclude``
-    (``dirn[0] = 1``; 0 when there is none).
+    (2, ROW_SLOTS) (the steps' Gram rows compacted to the positions, see the step loop). When the
+    node passes after the projection test, ``dirn`` (DIRN,) holds its last direction for
+    ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
     """
     N, d = A.shape
     r = s - t
@@ -257,9 +256,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         for i in range(r):
             zi = bidx[i]
             z = L[zi]
-            vg += alpha * cs[t, zi] + h[zi]
-            yg += cs[t, zi]
-            gg += 2.0 * cs[t, zi]
+            vg += alpha * cst[zi] + h[zi]
+            yg += cst[zi]
+            gg += 2.0 * cst[zi]
             for i2 in range(r):
                 gg += G[z, L[bidx[i2]]]
         if not gg > 0.0:
@@ -352,7 +351,8 @@ def _among(i, bidx, m):
 @njit(cache=True)
 def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn):
     """Drop from ``L[p0:ln]`` (in place, order kept, with their ``cs[t]`` entries) every key in no
-    completion with E < lam; returns the new end. Valid after ``_node_lb_ok`` passed this node with ``dirn[0] == 1``.
+    completion with E < lam; returns the new end. Valid after ``_node_lb_ok`` passed this node with
+    ``dirn[0] == 1``.
 
     Reduced-cost fixing with the test's last direction u: for a completion Z (r keys of R) that
     holds key j, ``<y_T + y_Z, u> - lam w(T + Z) >= <y_T, u> - lam w_T + g_j + (sum of the r - 1
