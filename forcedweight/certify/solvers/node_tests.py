@@ -109,11 +109,11 @@ def node_scratch(nrm, s, nref):
     """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``nref`` steps:
     ``(mx, buf, bidx, h, zs, zc, keys, dirn, gc, gk)`` (``mx = suffix_max(nrm)``, ``keys = arange(N)``,
     the candidate list of a range node ``R = k..N-1``; the rest scratch: ``gc`` (ROW_SLOTS, N) and
-    ``gk`` (2, ROW_SLOTS) are the compacted Gram rows of ``_node_lb_ok``'s steps)."""
+    ``gk`` (3, max(ROW_SLOTS, s)) are the compacted Gram rows of ``_node_lb_ok``'s steps)."""
     N = nrm.shape[0]
     return (suffix_max(nrm), np.empty(s), np.zeros(s, np.int64), np.zeros(N), np.zeros(nref * s, np.int64),
             np.zeros(nref * s), np.arange(N), np.zeros(DIRN), np.empty((ROW_SLOTS, N)),
-            np.zeros((2, ROW_SLOTS), np.int64))
+            np.zeros((3, max(ROW_SLOTS, s)), np.int64))
 
 
 @njit(cache=True)
@@ -171,7 +171,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     Scratch: ``buf``/``bidx`` (s,) (the r smallest and their positions in ``L``), ``h`` (N,) (the
     steps' sums by position in ``L``), ``zs``/``zc`` (nref * s,) (the supergradient steps' keys and
     coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS, N) /
-    (2, ROW_SLOTS) (the steps' Gram rows compacted to the positions, see the step loop). When the
+    (3, max(ROW_SLOTS, s)) (the steps' Gram rows compacted to the positions, see the step loop). When the
     node passes after the projection test, ``dirn`` (DIRN,) holds its last direction for
     ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
     """
@@ -268,16 +268,21 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         vy += eta * yg
         alpha += eta
         bz += eta * bs[t]
+        # h[p0:hv] += eta G[z, L[p0:hv]] for each key z of the completion, in bidx order. z's Gram
+        # row is kept compacted to these positions (gc[slot, :hv - p0]; gk[0, slot] = z,
+        # gk[1, slot] = how far it is filled; gk[2, i] = the slot of the completion's i-th key), so
+        # a later step of this test that meets z again adds a contiguous row instead of gathering
+        # G[z, L[i]] again; the rows of a step are added in one pass for up to four keys. The same
+        # additions in the same order, bit for bit. With every slot taken, a row is gathered as
+        # before. Written here, not in a function: a call counts references to its arrays (20 M
+        # calls on a hard row). Unsigned indices: no negative-index wrap, so the loops vectorise.
+        m = hv - p0
+        u0 = uint64(p0)
         for i in range(r):
             z = L[bidx[i]]
             bz += eta * nrm[z]
-            # h[p0:hv] += eta G[z, L[p0:hv]]. z's Gram row is kept compacted to these positions
-            # (gc[slot, :hv - p0]; gk[0, slot] = z, gk[1, slot] = how far it is filled), so a later
-            # step of this test that meets z again adds a contiguous row (vectorised) instead of
-            # gathering G[z, L[i]] again: the same additions in the same order, bit for bit. With
-            # every slot taken, the row is gathered as before. Written here, not in a function: a
-            # call counts references to its arrays (20 M calls on a hard row). Unsigned indices:
-            # no negative-index wrap, so the loops vectorise.
+            zs[nz + i] = z
+            zc[nz + i] = eta
             sl = -1
             for j in range(nslot):
                 if gk[0, j] == z:
@@ -288,20 +293,40 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
                 nslot += 1
                 gk[0, sl] = z
                 gk[1, sl] = 0
-            if sl < 0:
-                for ii in range(p0, hv):
-                    h[ii] += eta * G[z, L[ii]]
-            else:
-                m = hv - p0
-                u0 = uint64(p0)
+            gk[2, i] = sl
+            if sl >= 0:
                 for ii in range(gk[1, sl], m):
                     gc[sl, uint64(ii)] = G[z, uint64(L[u0 + uint64(ii)])]
                 if m > gk[1, sl]:
                     gk[1, sl] = m
+        i = 0
+        while i < r:
+            sa = gk[2, i]
+            if sa < 0:
+                z = L[bidx[i]]
+                for ii in range(p0, hv):
+                    h[ii] += eta * G[z, L[ii]]
+                i += 1
+            elif i + 3 < r and gk[2, i + 1] >= 0 and gk[2, i + 2] >= 0 and gk[2, i + 3] >= 0:
+                sb = gk[2, i + 1]
+                sc = gk[2, i + 2]
+                sd = gk[2, i + 3]
                 for ii in range(m):
-                    h[u0 + uint64(ii)] += eta * gc[sl, uint64(ii)]
-            zs[nz + i] = z
-            zc[nz + i] = eta
+                    ui = uint64(ii)
+                    h[u0 + ui] = (((h[u0 + ui] + eta * gc[sa, ui]) + eta * gc[sb, ui]) + eta * gc[sc, ui]) \
+                        + eta * gc[sd, ui]
+                i += 4
+            elif i + 1 < r and gk[2, i + 1] >= 0:
+                sb = gk[2, i + 1]
+                for ii in range(m):
+                    ui = uint64(ii)
+                    h[u0 + ui] = (h[u0 + ui] + eta * gc[sa, ui]) + eta * gc[sb, ui]
+                i += 2
+            else:
+                for ii in range(m):
+                    ui = uint64(ii)
+                    h[u0 + ui] += eta * gc[sa, ui]
+                i += 1
         nz += r
         kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
         nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
