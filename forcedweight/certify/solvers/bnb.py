@@ -330,6 +330,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         refine = np.zeros(len(REFINE_STATS), dtype=np.int64)
         # the frontier is bounded over key ranges: level t's open nodes take every key after its
         # current one (a superset of its remaining candidates), with full Gram sums for the path
+        # (by key: the search kept cs by position in its lists, the frontier's range nodes take the
+        # list arange(N), whose positions are keys; cs[0] is 0 either way)
         t_cur = int(state[0])
         idx = np.array([L[t, pos[t]] if pos[t] < Ln[t] else N for t in range(s + 1)], dtype=np.int64)
         for t in range(t_cur):
