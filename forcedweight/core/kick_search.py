@@ -96,7 +96,7 @@ def _descend(A, pw, G, members, in_set, c, max_work):
     return work
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # (bnb runs it on a thread beside the search)
 def kick_search(A, pw, G, start, work, kick, seed):
     """The best set found by kicks and 1-swap descents from ``start``.
 
@@ -180,7 +180,7 @@ def multistart_search(A, pw, G, s, work, seed, window=0):
     return _multistart(A, pw, G, s, work, seed, rank_order(pw).astype(np.int64), max(int(window), s))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # (bnb runs it on a thread beside the search)
 def _multistart(A, pw, G, s, work, seed, keys, W):
     """``multistart_search`` with each start drawn from ``W`` consecutive entries of ``keys`` (N,)
     (all of them when ``W = N``: the uniform draw, one random number per key drawn)."""

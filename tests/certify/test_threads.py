@@ -94,8 +94,9 @@ def test_split_parts_partition_the_search(seed, share):
 
 
 def test_threaded_search_matches_serial_on_longer_rows():
-    """N = 120, s = 5: the serial search needs 40,000-50,000 nodes, so the threads start after the
-    incumbent phases (20,000 nodes), as in certify; both prove the same value (relative 1e-12)."""
+    """N = 120, s = 5: the serial search needs 40,000-50,000 nodes, so the threads start at the first
+    incumbent phase (5,000 nodes) and the phases run beside the search, as in certify; both prove the same
+    value (relative 1e-12)."""
     for seed in (100, 101):
         p, V = _pv(seed, 120, 6, 0.4)
         one = solve_bnb(p, V, 5, threads=1, time_limit=120.0)
@@ -150,3 +151,70 @@ def test_threads_stop_at_the_deadline(monkeypatch):
     assert not done and frontier is not None
     assert 0 < counts[0] <= 2 * 50
     assert counts[0] == counts[2:].sum()
+
+
+def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
+    """``search_subtrees``' jobs: a job due from the first node runs exactly once, on the best set and value
+    at hand, and the optimum it returns (brute force) becomes the incumbent, so the search proves it; a job
+    due only after more nodes than the search needs never runs (and the search then visits more nodes); the
+    proof equals brute force either way."""
+    from forcedweight.certify.solvers.bnb import _prepared, _search, _set_error, search_order
+    from forcedweight.certify.solvers.node_tests import NREF
+    from forcedweight.core import operator as op
+
+    monkeypatch.setattr(subtrees, "FIRST_BATCH", 3)  # many batch ends, so a thread meets the job inside a part
+    n, s = 40, 5
+    p, V = _pv(12, n, 4, 0.4)
+    opt, opt_set = brute_force_best(p, V, s)
+    A_keys = op.centred_contributions(p, V)
+    order = search_order(A_keys, p)
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, order, s)
+    answer = np.sort(rank[np.asarray(opt_set)])  # the optimum in the search's order
+    calls = []
+
+    def job(start, value):
+        calls.append((start.copy(), value))
+        return answer, _set_error(A, pw, answer)
+
+    nodes = {}
+    for due, runs in ((0, 1), (10 ** 9, 0)):
+        calls.clear()
+        serial = subtrees.SearchState(n, s, A.shape[1])
+        start = np.arange(n - s, n)  # the last keys of the order: a poor start
+        best = np.array([_set_error(A, pw, start)])
+        bestset = start.copy()
+        done, counts, _ = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9,
+                                                   kappa, gamma, serial, best, bestset, NREF, True, np.inf, 2,
+                                                   [(due, job)])
+        assert done and len(calls) == runs
+        nodes[runs] = int(counts[0])
+        if runs:
+            np.testing.assert_array_equal(calls[0][0], start)  # it started from the best set then
+            assert calls[0][1] == _set_error(A, pw, start)
+        assert abs(best[0] - opt) <= 1e-12 * opt
+        assert abs(_set_error(A, pw, bestset) - opt) <= 1e-12 * opt
+    assert nodes[1] < nodes[0]  # the optimum published after a thread's first batch prunes more
+
+
+def test_incumbent_phases_on_threads_keep_the_search_exact(monkeypatch):
+    """With two threads the kicks and restarts run beside the search (set due after 40 and 80 nodes here, and
+    batches of 3 nodes, so these small rows reach them from a bad warm start): both run on some row, and
+    every row's proof equals brute force (relative 2 REL_TOL, as the serial test)."""
+    import forcedweight.certify.solvers.bnb as bnb
+    from forcedweight.certify.solvers.bnb import REL_TOL
+
+    monkeypatch.setattr(bnb, "KICK_AFTER", 40)
+    monkeypatch.setattr(bnb, "RESTART_AFTER", 80)
+    monkeypatch.setattr(subtrees, "FIRST_BATCH", 3)
+    kicked = restarted = False
+    for seed in range(6):
+        p, V = _pv(20 + seed, 30, 5, [0.3, 1.0][seed % 2])
+        opt, _ = brute_force_best(p, V, 5)
+        bad = np.argsort(p, kind="stable")[:5]
+        res = solve_bnb(p, V, 5, incumbent=bad, threads=2, time_limit=60)
+        assert res.proved and abs(res.value - opt) <= 2 * REL_TOL * opt, (seed, res.value, opt)
+        kicked = kicked or res.info["kick_improved"] is not None
+        restarted = restarted or res.info["restart_improved"] is not None
+    assert kicked and restarted

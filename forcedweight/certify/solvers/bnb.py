@@ -50,6 +50,7 @@ directly in float64. ``proved`` means: no kept set has ``E < value * (1 - rel_to
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -212,9 +213,11 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         at most about 1.2x a 10 s limit (at N ~ 4,096 the key-step budgets alone took 2-6x) and short
         rows keep the seconds their refinement needs; with ``node_limit`` the default is no
         deadline, so a node-limited result (bound included) is the same on any machine.
-    threads : threads of the search once the incumbent phases are over (``subtrees``: the first-level
-        subtrees are independent). Above 1 the nodes visited depend on timing; a proved value does
-        not. Ignored (one thread) with ``node_limit``, so node-limited results stay deterministic.
+    threads : threads of the search from the first incumbent phase on (``KICK_AFTER`` nodes; from the
+        start without phases): the first-level subtrees are independent (``subtrees``), and the
+        incumbent phases run on one of the threads beside the others' search instead of pausing it.
+        Above 1 the nodes visited depend on timing; a proved value does not. Ignored (one thread)
+        with ``node_limit``, so node-limited results stay deterministic.
 
     Returns
     -------
@@ -266,44 +269,40 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     deadline = t0 + time_limit
     # incumbent phases, at node counts where a batch ends exactly (node-limited runs stay
     # deterministic): kicks from the best set after KICK_AFTER nodes, then random restarts (and
-    # kicks from their best when it is better) after RESTART_AFTER; rows proved before never pay
+    # kicks from their best when it is better) after RESTART_AFTER; rows proved before never pay.
+    # On one thread they pause the search; on several they run beside it (subtrees' jobs)
     phases = [(KICK_AFTER, False), (RESTART_AFTER, True)] if polish and kick_work > 0 else []
-    kick_gain = restart_gain = None
+    gains = {"kick": None, "restart": None}
+
+    def phase(restarts, start_set, best_value):
+        found, e_found, gain, r_gain = _incumbent_phase(A, pw, G, s, float(kick_work), restarts, start_set,
+                                                        best_value)
+        if r_gain is not None:
+            gains["restart"] = r_gain
+        if gain is not None:
+            gains["kick"] = gain or bool(gains["kick"])
+        return (found, e_found) if gain else None
+
     while True:
         if node_limit is not None:
             budget = min(budget, node_limit - int(state[2]))
         if phases and phases[0][0] > int(state[2]):
             budget = min(budget, phases[0][0] - int(state[2]))
-        elif phases:
+        elif phases and threads == 1:
             # the search is not done: a better incumbent only prunes more (the search resumes
             # where it stopped)
-            restarts = phases.pop(0)[1]
-            start_set = bestset.astype(np.int64)
-            if restarts:
-                # uniform starts, then starts among keys of comparable mass (each kick_work)
-                restart = multistart_search(A, pw, G, s, float(kick_work), 0)
-                e_restart = _set_error(A, pw, restart)
-                windowed = multistart_search(A, pw, G, s, float(kick_work), 0, RESTART_WINDOW * s)
-                e_windowed = _set_error(A, pw, windowed)
-                if e_windowed < e_restart:
-                    restart, e_restart = windowed, e_windowed
-                restart_gain = e_restart < best[0]
-                if not restart_gain:
-                    continue
-                start_set = restart
-            kicked = kick_search(A, pw, G, start_set, float(kick_work), KICK_SIZE, 0)
-            e_kick = _set_error(A, pw, kicked)
-            gain = e_kick < best[0]
-            kick_gain = gain or bool(kick_gain)
-            if gain:
-                best[0] = e_kick
-                bestset[:] = kicked
+            found = phase(phases.pop(0)[1], bestset.astype(np.int64), best[0])
+            if found is not None:
+                best[0] = found[1]
+                bestset[:] = found[0]
             continue
-        if threads > 1 and not phases:
-            # the incumbent phases are over: the later first-level subtrees go to several threads
+        elif threads > 1:
+            # the later first-level subtrees go to several threads, and the incumbent phases left run on one
+            # of them beside the search
+            jobs = [(after, functools.partial(phase, restarts)) for after, restarts in phases]
             done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
                                                      kappa, gamma, search, best, bestset, nref, exclude,
-                                                     deadline, threads)
+                                                     deadline, threads, jobs)
             if frontier is not None:
                 search = frontier
                 pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
@@ -345,12 +344,35 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
-            "kick_improved": None if kick_gain is None else bool(kick_gain),
-            "restart_improved": restart_gain,
+            "kick_improved": gains["kick"], "restart_improved": gains["restart"],
             "bound_time": None if proved else float(bound_time),
             "stopped_by": None if proved else ("nodes" if node_limit is not None and state[2] >= node_limit else "time")}
     return SolverResult(value, S, lb, proved, "bnb", time.perf_counter() - t0,
                         rel_tol * value, info)
+
+
+def _incumbent_phase(A, pw, G, s, work, restarts, start_set, best_value):
+    """One incumbent phase of the search (arrays in its order, as ``_search``'s): ``work`` pair evaluations
+    of kicks from ``start_set`` (s,), the best set so far; with ``restarts``, first random restarts
+    (uniform starts, then starts among keys of comparable mass, ``work`` each), kicked from their best
+    only when it beats ``best_value``. Returns ``(found, value, kick_gain, restart_gain)``: the kicks' set
+    (s,) and its E (None, inf when they did not run), and whether the kicks / the restarts beat
+    ``best_value`` (None when they did not run)."""
+    restart_gain = None
+    if restarts:
+        restart = multistart_search(A, pw, G, s, work, 0)
+        e_restart = _set_error(A, pw, restart)
+        windowed = multistart_search(A, pw, G, s, work, 0, RESTART_WINDOW * s)
+        e_windowed = _set_error(A, pw, windowed)
+        if e_windowed < e_restart:
+            restart, e_restart = windowed, e_windowed
+        restart_gain = bool(e_restart < best_value)
+        if not restart_gain:
+            return None, np.inf, None, False
+        start_set = restart
+    kicked = kick_search(A, pw, G, start_set, work, KICK_SIZE, 0)
+    e_kick = _set_error(A, pw, kicked)
+    return kicked, e_kick, bool(e_kick < best_value), restart_gain
 
 
 def search_order(A_keys, p) -> np.ndarray:

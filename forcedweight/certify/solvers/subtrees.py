@@ -13,7 +13,9 @@ backtracks above the part. Between batches (about 10 ms) a thread publishes a be
 the best value found by any, so a thread prunes with an incumbent at most one batch old (a stale one
 only prunes less: every proof stays valid). When the level-0 node ``k`` itself is pruned, no subtree
 from ``k`` on can hold a better set (the bounds grow as ``R`` shrinks), so the counter stops there and
-the parts inside later subtrees are left.
+the parts inside later subtrees are left. The incumbent phases (kicks, random restarts) are jobs a
+thread runs at the end of a batch once the search has visited their node count, while the others search
+(a search on one thread pauses for them).
 
 Which thread finds which set first depends on timing, so with ``threads > 1`` the nodes visited (and a
 bound after a time limit) vary from run to run, while a proved value does not (the optimum, ties to
@@ -110,7 +112,7 @@ class SearchState:
 
 
 def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState, best, bestset, nref, exclude,
-                    deadline, threads: int):
+                    deadline, threads: int, jobs=()):
     """Go on with ``serial`` (a search stopped between batches) on ``threads`` threads until it is
     complete or ``time.perf_counter() >= deadline``.
 
@@ -122,12 +124,21 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
     nodes, leaf evaluations and nodes per level of the whole search (the serial part included); and,
     when not done, the state whose open frontier covers every open node (the earliest open path in
     the depth-first order, or level 0 at the first subtree not started).
+
+    ``jobs``: ``(nodes, fn)`` pairs, in order of ``nodes`` (the incumbent phases, ``bnb``): once the search
+    has visited ``nodes`` nodes in all (the serial part's included), the next thread to end a batch inside
+    its part calls ``fn(set, value)`` with the best set (s,) and its value, then goes on with its part (the
+    others search meanwhile; ``fn`` must release the GIL, as Numba's ``nogil`` functions do); a returned
+    ``(set, value)`` better than the best is published as a thread's would be. Jobs not due before the search
+    ends or times out are not run.
     """
     A, pw, wtop, nrm, G, lo, hi, use_box = prep
     N, d = A.shape
     cond = threading.Condition()
     serial.floor = 1  # it finishes its first-level subtree; the later ones go to the counter
-    shared = {"next": int(serial.pos[0]) + 1, "cut": N, "timeout": False, "hungry": 0}
+    shared = {"next": int(serial.pos[0]) + 1, "cut": N, "timeout": False, "hungry": 0,
+              "nodes": int(serial.state[2])}  # nodes visited in all, for the jobs
+    pending = list(jobs)
     handoff = []  # parts split off for idle threads
     counts = np.zeros(3 + s, dtype=np.int64)
     parts = [serial] + [None] * (threads - 1)  # each thread's part (None: idle)
@@ -170,10 +181,13 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
                 st = parts[i]
                 own_best[0] = min(own_best[0], best[0])
             tb = time.perf_counter()
+            n0 = int(st.state[2])
             search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(),
                     own_best, own_set, budget, nref, THETA, DECAY, exclude, st.floor)
             now = time.perf_counter()
+            job = None
             with cond:
+                shared["nodes"] += int(st.state[2]) - n0
                 if own_best[0] < best[0]:
                     best[0] = own_best[0]
                     bestset[:] = own_set
@@ -191,6 +205,15 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
                 if now >= deadline:
                     shared["timeout"] = True
                     cond.notify_all()
+                elif parts[i] is st and pending and shared["nodes"] >= pending[0][0]:
+                    job = pending.pop(0)[1]  # (only inside an open part: the search is not over)
+                    start, value = bestset.copy(), float(best[0])
+            if job is not None:
+                found = job(start, value)
+                with cond:
+                    if found is not None and found[1] < best[0]:
+                        best[0] = found[1]
+                        bestset[:] = found[0]
             if parts[i] is st:  # a batch cut short by its part's end says nothing of the node rate
                 budget = next_batch(budget, now - tb, min(100, FIRST_BATCH))
 
