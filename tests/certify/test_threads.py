@@ -218,3 +218,43 @@ def test_incumbent_phases_on_threads_keep_the_search_exact(monkeypatch):
         kicked = kicked or res.info["kick_improved"] is not None
         restarted = restarted or res.info["restart_improved"] is not None
     assert kicked and restarted
+
+
+def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
+    """A thread that runs a job first hands its part over: on a row whose whole search takes a few ms, a job due
+    from the first node that sleeps 0.3 s (releasing the GIL, as the Numba phases do) ends after every search
+    batch (the other thread finished the job thread's part too), and the search is complete and exact."""
+    import threading
+    import time
+
+    from forcedweight.certify.solvers.bnb import _prepared, _search, _set_error, search_order
+    from forcedweight.certify.solvers.node_tests import NREF
+    from forcedweight.core import operator as op
+
+    monkeypatch.setattr(subtrees, "FIRST_BATCH", 3)
+    n, s = 40, 5
+    p, V = _pv(13, n, 4, 0.4)
+    opt, _ = brute_force_best(p, V, s)
+    A_keys = op.centred_contributions(p, V)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, search_order(A_keys, p), s)
+    batches = []  # (thread, end time) of every search batch
+    job_ran = {}
+
+    def search(*args):
+        _search(*args)
+        batches.append((threading.get_ident(), time.perf_counter()))
+
+    def job(start, value):
+        job_ran["thread"] = threading.get_ident()
+        time.sleep(0.3)
+        job_ran["end"] = time.perf_counter()
+        return None
+
+    start = np.arange(n - s, n)
+    best = np.array([_set_error(A, pw, start)])
+    done, counts, _ = subtrees.search_subtrees(search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9, kappa, gamma,
+                                               subtrees.SearchState(n, s, A.shape[1]), best, start.copy(), NREF,
+                                               True, np.inf, 2, [(0, job)])
+    assert done and abs(best[0] - opt) <= 1e-12 * opt
+    assert max(t for _, t in batches) < job_ran["end"]  # nothing waited for the job
+    assert any(th != job_ran["thread"] for th, _ in batches)

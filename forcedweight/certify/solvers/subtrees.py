@@ -14,8 +14,8 @@ the best value found by any, so a thread prunes with an incumbent at most one ba
 only prunes less: every proof stays valid). When the level-0 node ``k`` itself is pruned, no subtree
 from ``k`` on can hold a better set (the bounds grow as ``R`` shrinks), so the counter stops there and
 the parts inside later subtrees are left. The incumbent phases (kicks, random restarts) are jobs a
-thread runs at the end of a batch once the search has visited their node count, while the others search
-(a search on one thread pauses for them).
+thread runs at the end of a batch once the search has visited their node count, its part offered to the
+others, which search meanwhile (a search on one thread pauses for them).
 
 Which thread finds which set first depends on timing, so with ``threads > 1`` the nodes visited (and a
 bound after a time limit) vary from run to run, while a proved value does not (the optimum, ties to
@@ -127,8 +127,10 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
 
     ``jobs``: ``(nodes, fn)`` pairs, in order of ``nodes`` (the incumbent phases, ``bnb``): once the search
     has visited ``nodes`` nodes in all (the serial part's included), the next thread to end a batch inside
-    its part calls ``fn(set, value)`` with the best set (s,) and its value, then goes on with its part (the
-    others search meanwhile; ``fn`` must release the GIL, as Numba's ``nogil`` functions do); a returned
+    its part offers the part to the others (as a stolen part: one left without work takes it) and calls
+    ``fn(set, value)`` with the best set (s,) and its value, then goes on with the part if no one took it,
+    else takes another (the others search meanwhile; ``fn`` must release the GIL, as Numba's ``nogil``
+    functions do); a returned
     ``(set, value)`` better than the best is published as a thread's would be. Jobs not due before the search
     ends or times out are not run.
     """
@@ -208,12 +210,18 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
                 elif parts[i] is st and pending and shared["nodes"] >= pending[0][0]:
                     job = pending.pop(0)[1]  # (only inside an open part: the search is not over)
                     start, value = bestset.copy(), float(best[0])
+                    handoff.append(st)  # the part goes on meanwhile, on any thread
+                    parts[i] = None
+                    cond.notify()
             if job is not None:
                 found = job(start, value)
                 with cond:
                     if found is not None and found[1] < best[0]:
                         best[0] = found[1]
                         bestset[:] = found[0]
+                    if any(h is st for h in handoff):  # no one needed it: go on with it (parts stay in order)
+                        handoff.remove(st)
+                        parts[i] = st
             if parts[i] is st:  # a batch cut short by its part's end says nothing of the node rate
                 budget = next_batch(budget, now - tb, min(100, FIRST_BATCH))
 
