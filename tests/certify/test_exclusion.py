@@ -14,7 +14,8 @@ import pytest
 from forcedweight.certify.enumerate import brute_force_best
 from forcedweight.certify.solvers import bnb
 from forcedweight.certify.solvers.bnb import REL_TOL, solve_bnb
-from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA, _exclude, _node_lb_ok, node_scratch
+from forcedweight.certify.solvers.node_tests import (DECAY, NREF, ROW_SLOTS, THETA, _exclude, _node_lb_ok,
+                                                     node_scratch)
 from forcedweight.core import operator as op
 
 
@@ -41,8 +42,9 @@ def _level(A, pw, nrm, G, T, s):
     return ys, ws, bs, cs
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_excluded_keys_are_in_no_completion_below_lam(seed):
+def _check_exclusion(seed):
+    """Random nodes of a small row: every key ``_exclude`` drops is in no completion below lam (brute force over
+    the completions). Returns how many keys the steps' marks dropped beyond the last direction's."""
     rng = np.random.default_rng(1000 + seed)
     n, d, s = 22, int(rng.integers(2, 6)), int(rng.integers(4, 7))
     p, V = _row(seed, n, d, rng.choice([0.3, 1.0, 2.5]), distinct=(None if seed % 2 else 6))
@@ -50,7 +52,7 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
     order = bnb.search_order(A0, p) if seed % 4 < 2 else op.rank_order(p)  # the tests are order-free
     A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, order, s)
     mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, NREF)
-    dropped = checked = 0
+    dropped = checked = by_marks = 0
     for trial in range(40):
         t = int(rng.integers(1, s - 1))  # r = s - t >= 2
         T = np.sort(rng.choice(8, size=t, replace=False))
@@ -69,7 +71,13 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
         if not ok:
             assert E.min() >= lam * (1 - 1e-12)  # a pruned node holds no set below lam
             continue
-        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs_at, lam, mx, wtop, buf, bidx, h, dirn)
+        # the last direction alone (the steps' marks cleared), then with the marks
+        L1, cs1, unmarked = L.copy(), cs_at.copy(), gc.copy()
+        unmarked[ROW_SLOTS + 1] = 0.0
+        end1 = _exclude(t, L1, 0, R.size, s, pw, nrm, ws, cs1, lam, mx, wtop, buf, bidx, h, dirn, unmarked)
+        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs_at, lam, mx, wtop, buf, bidx, h, dirn, gc)
+        assert set(L[:end].tolist()) <= set(L1[:end1].tolist())
+        by_marks += end1 - end
         kept = set(L[:end].tolist())
         np.testing.assert_array_equal(cs_at[t, :end], cs[t, L[:end]])  # the sums moved with their keys
         assert kept <= set(R.tolist()) and np.all(np.diff(L[:end]) > 0)  # a subset, order kept
@@ -80,6 +88,18 @@ def test_excluded_keys_are_in_no_completion_below_lam(seed):
         checked += 1
     assert checked >= 10
     assert dropped > 0  # the exclusion did something on these rows
+    return by_marks
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_excluded_keys_are_in_no_completion_below_lam(seed):
+    _check_exclusion(seed)
+
+
+def test_the_steps_marks_exclude_more_than_the_last_direction():
+    """Over the rows above, the keys the earlier steps' scans marked drop some keys the last direction keeps
+    (each drop checked against the brute force)."""
+    assert sum(_check_exclusion(seed) for seed in range(8)) > 0
 
 
 @pytest.mark.parametrize("distinct", [None, 4, 7])

@@ -141,7 +141,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
             # reduced-cost exclusion: candidates no improving completion can hold leave this level's
             # list (this subtree and every later sibling); then re-test if the next key itself left
             k = Lt[p0]
-            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn)
+            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn, gc)
             if Ln[t] - p0 < r:
                 ok = False
             elif Lt[p0] != k:

@@ -102,17 +102,21 @@ def mass_tops(pw, s):
 
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
 ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate positions (node_scratch's gc)
+MARK_SHARE = 2  # the scans of the last 1/MARK_SHARE of a test's steps mark the keys they exclude (_exclude)
+# (dall4096 rows 23 and 49 from their optima, one thread: the last half 2.38-2.42 s and 13.7-13.9 s, every step
+# 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3; BENCHMARKS.md)
 
 
 @njit(cache=True)
 def node_scratch(nrm, s, nref):
     """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``nref`` steps:
     ``(mx, buf, bidx, h, zs, zc, keys, dirn, gc, gk)`` (``mx = suffix_max(nrm)``, ``keys = arange(N)``,
-    the candidate list of a range node ``R = k..N-1``; the rest scratch: ``gc`` (ROW_SLOTS, N) and
-    ``gk`` (3, max(ROW_SLOTS, s)) are the compacted Gram rows of ``_node_lb_ok``'s steps)."""
+    the candidate list of a range node ``R = k..N-1``; the rest scratch: ``gc`` (ROW_SLOTS + 2, N) holds
+    the compacted Gram rows of ``_node_lb_ok``'s steps, then a scan's reduced costs and the keys its steps
+    proved excluded, by position; ``gk`` (3, max(ROW_SLOTS, s)) is the rows' slot table)."""
     N = nrm.shape[0]
     return (suffix_max(nrm), np.empty(s), np.zeros(s, np.int64), np.zeros(N), np.zeros(nref * s, np.int64),
-            np.zeros(nref * s), np.arange(N), np.zeros(DIRN), np.empty((ROW_SLOTS, N)),
+            np.zeros(nref * s), np.arange(N), np.zeros(DIRN), np.empty((ROW_SLOTS + 2, N)),
             np.zeros((3, max(ROW_SLOTS, s)), np.int64))
 
 
@@ -170,10 +174,12 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     search's order (norms descending) a scan reads a small share of R on long rows.
     Scratch: ``buf``/``bidx`` (s,) (the r smallest and their positions in ``L``), ``h`` (N,) (the
     steps' sums by position in ``L``), ``zs``/``zc`` (nref * s,) (the supergradient steps' keys and
-    coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS, N) /
-    (3, max(ROW_SLOTS, s)) (the steps' Gram rows compacted to the positions, see the step loop). When the
-    node passes after the projection test, ``dirn`` (DIRN,) holds its last direction for
-    ``_exclude`` (``dirn[0] = 1``; 0 when there is none).
+    coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS + 2, N) /
+    (3, max(ROW_SLOTS, s)) (the steps' Gram rows compacted to the positions, see the step loop; then the
+    marking scans' reduced costs and marks). When the node passes after the projection test, ``dirn``
+    (DIRN,) holds its last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none), and
+    ``gc[ROW_SLOTS + 1, p0:hv]`` is 1 at the keys the scans of the last half of the steps proved to be in no
+    completion with E < lam (their reduced costs, as ``_exclude``'s, with each scan's direction).
     """
     N, d = A.shape
     r = s - t
@@ -212,6 +218,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     # and keep buf[r - 1] as ``worst`` (inf until r keys are in): a key that cannot enter the r
     # smallest is not passed to _insert, which would return it unchanged.
     cst = cs[t]
+    xs = gc[ROW_SLOTS]  # a marking scan's reduced costs, by position
+    mk = gc[ROW_SLOTS + 1]  # 1 where a scan proved the key excluded (valid for L[p0:hv])
     n = 0
     worst = np.inf
     hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
@@ -227,6 +235,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
             if n == r:
                 worst = buf[r - 1]
         h[ui] = 0.0
+        mk[ui] = 0.0
         hv = i + 1
     tot = ny - lam * ws[t] + _sum_r(buf, r)
     if tot >= 0.0:
@@ -288,7 +297,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
                 if gk[0, j] == z:
                     sl = j
                     break
-            if sl < 0 and nslot < gc.shape[0]:
+            if sl < 0 and nslot < ROW_SLOTS:
                 sl = nslot
                 nslot += 1
                 gk[0, sl] = z
@@ -337,6 +346,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         c = 1.0 + 2.0 * err + SAFE
         n = 0
         worst = np.inf
+        iend = p0
+        xmax = -np.inf
+        marking = r >= 2 and MARK_SHARE * (step + 1) > nref * (MARK_SHARE - 1)
         for i in range(p0, ln):
             ui = uint64(i)
             kk = L[ui]
@@ -345,8 +357,13 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
                 break
             if i >= hv:
                 h[ui] = _h_at(kk, G, zs, zc, nz)
+                mk[ui] = 0.0
                 hv = i + 1
             x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+            if marking:
+                xs[ui] = x
+                xmax = max(xmax, x)
+            iend = i + 1
             if n < r or x < worst:
                 n = _insert(x, i, n, r, buf, bidx)
                 if n == r:
@@ -354,6 +371,13 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
             return False
+        # this scan's reduced costs (as _exclude's, with this direction): a key j it read with
+        # base + x_j >= 0 (base = tot less the r-th smallest) is in no completion with E < lam
+        if marking and tot - buf[r - 1] + xmax >= 0.0:
+            base = tot - buf[r - 1]
+            for i in range(p0, iend):
+                if base + xs[uint64(i)] >= 0.0:
+                    mk[uint64(i)] = 1.0
     # the last direction (the one buf/bidx were scanned with), for _exclude
     dirn[0] = 1.0
     dirn[1] = alpha
@@ -374,7 +398,7 @@ def _among(i, bidx, m):
 
 
 @njit(cache=True)
-def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn):
+def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn, gc):
     """Drop from ``L[p0:ln]`` (in place, order kept, with their ``cs[t]`` entries) every key in no
     completion with E < lam; returns the new end. Valid after ``_node_lb_ok`` passed this node with
     ``dirn[0] == 1``.
@@ -387,7 +411,9 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
     read are evaluated (their sums ``h`` are at hand; on long rows the rest are light keys, whose
     evaluation cost more than it saved); from the first key where
     ``base >= c mx[kk] + lam wtop[kk, 1]`` (``g >= -||a|| - lam p``) on, none can stay but the
-    r - 1 smallest.
+    r - 1 smallest. Every earlier direction proves the same for the keys its scan read: the scans of the
+    test's last half of steps marked those they proved (``gc[ROW_SLOTS + 1]``), and these go too (on real
+    rows 7-20 % fewer nodes than with the last direction alone; BENCHMARKS.md, issue 15).
     """
     r = s - t
     if dirn[0] != 1.0 or r < 2:
@@ -402,6 +428,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
     c = 1.0 + 2.0 * err + SAFE
     lp = lam * (1.0 + SAFE)
     cst = cs[t]
+    mk = gc[ROW_SLOTS + 1]
     j = p0
     for i in range(p0, ln):
         ui = uint64(i)  # unsigned indices: no negative-index wrap
@@ -420,7 +447,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
             j += 1
             continue
         g = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
-        if base + g < 0.0 or _among(i, bidx, r - 1):
+        if mk[ui] == 0.0 and (base + g < 0.0 or _among(i, bidx, r - 1)):
             L[j] = kk
             cst[j] = cst[ui]
             j += 1
