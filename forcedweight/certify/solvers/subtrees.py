@@ -130,9 +130,8 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
     its part offers the part to the others (as a stolen part: one left without work takes it) and calls
     ``fn(set, value)`` with the best set (s,) and its value, then goes on with the part if no one took it,
     else takes another (the others search meanwhile; ``fn`` must release the GIL, as Numba's ``nogil``
-    functions do); a returned
-    ``(set, value)`` better than the best is published as a thread's would be. Jobs not due before the search
-    ends or times out are not run.
+    functions do); a returned ``(set, value)`` better than the best is published as a thread's would be.
+    Jobs not due before the search ends or times out are not run.
     """
     A, pw, wtop, nrm, G, lo, hi, use_box = prep
     N, d = A.shape
@@ -219,7 +218,7 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
                     if found is not None and found[1] < best[0]:
                         best[0] = found[1]
                         bestset[:] = found[0]
-                    if any(h is st for h in handoff):  # no one needed it: go on with it (parts stay in order)
+                    if any(part is st for part in handoff):  # no one took it: go on with it (parts stay in order)
                         handoff.remove(st)
                         parts[i] = st
             if parts[i] is st:  # a batch cut short by its part's end says nothing of the node rate
