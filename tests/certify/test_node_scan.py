@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from forcedweight.certify.solvers import bnb
-from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, ROW_SLOTS, THETA, _EPS, _node_lb_ok, mass_tops,
-                                                     suffix_max)
+from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, mass_tops,
+                                                     node_scratch, suffix_max)
 from forcedweight.core import operator as op
 
 
@@ -98,7 +98,8 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     order = bnb.search_order(A0, p) if order_by == "search" else op.rank_order(p)  # the scans are order-free
     A, pw, nrm, G, lo, hi, _, _, gamma, wtop = bnb._prepared(A0, p, order, s)
     mx = suffix_max(nrm)
-    gc, gk = np.full((ROW_SLOTS + 2, N), np.nan), np.zeros((3, ROW_SLOTS), np.int64)  # stale slots between trials
+    gc, gk = node_scratch(nrm, s, NREF)[8:]  # the search's scratch layout, reused (stale) between trials
+    gc[:] = np.nan
     stopped = compared = 0
     for trial in range(60):
         t = int(rng.integers(1, s))

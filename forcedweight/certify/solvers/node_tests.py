@@ -102,9 +102,6 @@ def mass_tops(pw, s):
 
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
 ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate positions (node_scratch's gc)
-MARK_SHARE = 2  # the scans of the last 1/MARK_SHARE of a test's steps mark the keys they exclude (_exclude)
-# (dall4096 rows 23 and 49 from their optima, one thread: the last half 2.38-2.42 s and 13.7-13.9 s, every step
-# 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3; BENCHMARKS.md)
 
 
 @njit(cache=True)
@@ -348,7 +345,11 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         worst = np.inf
         iend = p0
         xmax = -np.inf
-        marking = r >= 2 and MARK_SHARE * (step + 1) > nref * (MARK_SHARE - 1)
+        # the scans of the last half of the steps mark the keys they exclude, for _exclude (dall4096 rows 23
+        # and 49 from their optima, one thread: the last half 2.38-2.42 s and 13.7-13.9 s, every scan
+        # 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3;
+        # BENCHMARKS.md, issue 15)
+        marking = r >= 2 and step >= nref // 2
         for i in range(p0, ln):
             ui = uint64(i)
             kk = L[ui]
