@@ -19,7 +19,7 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   The test is valid for *any* unit vector u, and its value is concave in u with supergradient
   ``y_T + sum_Z a_z`` (Z the minimising completion). When it fails, up to ``NREF = 8``
   (``NREF_LONG = 16`` on rows of ``LONG_ROWS = 2,048`` keys or more) supergradient steps
-  (lengths THETA / sqrt(j)) improve u; u stays a combination of ``y_T`` and
+  (lengths THETA / sqrt(j); THETA_LONG / j**DECAY_LONG on those long rows) improve u; u stays a combination of ``y_T`` and
   the ``a_z`` met so far, ``sum_z c_z <a_z, a_k>`` is accumulated from Gram rows step by step and
   ``||v||``, ``<v, y_T>`` come from Gram entries with a rounding margin (a step costs
   r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
@@ -62,7 +62,8 @@ from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RES
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
-from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
+from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, DECAY_LONG, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
+                                                     THETA_LONG,
                                                      _box_tables, _exclude, _node_lb_ok, mass_tops, node_scratch)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
@@ -265,6 +266,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
     threads = 1 if node_limit is not None else max(1, int(threads))
     nref = NREF_LONG if N >= LONG_ROWS else NREF
+    theta, decay = (THETA_LONG, DECAY_LONG) if N >= LONG_ROWS else (THETA, DECAY)
     budget = 256
     deadline = t0 + time_limit
     # incumbent phases, at node counts where a batch ends exactly (node-limited runs stay
@@ -302,7 +304,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             jobs = [(after, functools.partial(phase, restarts)) for after, restarts in phases]
             done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
                                                      kappa, gamma, search, best, bestset, nref, exclude,
-                                                     deadline, threads, jobs)
+                                                     deadline, threads, jobs, theta=theta, decay=decay)
             if frontier is not None:
                 search = frontier
                 pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
@@ -313,7 +315,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             break
         tb = time.perf_counter()
         _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs,
-                cs, best, bestset, budget, nref, THETA, DECAY, exclude, 0)
+                cs, best, bestset, budget, nref, theta, decay, exclude, 0)
         now = time.perf_counter()
         if state[1] or now >= deadline or (node_limit is not None and state[2] >= node_limit):
             break

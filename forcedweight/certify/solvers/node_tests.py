@@ -26,6 +26,8 @@ NREF_LONG = 16  # ... in the search on rows of LONG_ROWS keys or more, where ear
 LONG_ROWS = 2048  # (N ~ 4,096: 16 steps proved 6 rows a median 1.4x faster than 8 (0.96-2.5x), 32 no faster; N <= 1,024: 8 as fast)
 THETA = 1.0  # step j (1-based) has length THETA / j**DECAY relative to ||v||, ||supergradient||
 DECAY = 0.5  # NREF, THETA, DECAY: measured on real SmolLM2 rows (BENCHMARKS.md, enumeration and exact solvers)
+THETA_LONG = 1.4  # ... and with the NREF_LONG steps of the search on long rows (built-in N ~ 4,096 rows 23 and 49
+DECAY_LONG = 0.9  # from their optima, one thread: 0.80x and 0.93x the time of 1.0 / 0.5; BENCHMARKS.md, issue 15)
 
 
 @njit(cache=True)

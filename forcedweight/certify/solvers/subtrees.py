@@ -112,7 +112,7 @@ class SearchState:
 
 
 def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState, best, bestset, nref, exclude,
-                    deadline, threads: int, jobs=()):
+                    deadline, threads: int, jobs=(), theta=THETA, decay=DECAY):
     """Go on with ``serial`` (a search stopped between batches) on ``threads`` threads until it is
     complete or ``time.perf_counter() >= deadline``.
 
@@ -132,6 +132,9 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
     else takes another (the others search meanwhile; ``fn`` must release the GIL, as Numba's ``nogil``
     functions do); a returned ``(set, value)`` better than the best is published as a thread's would be.
     Jobs not due before the search ends or times out are not run.
+
+    ``nref``, ``theta``, ``decay``: the node tests' supergradient steps and their lengths (``bnb`` passes
+    the long rows' ones on rows of ``LONG_ROWS`` keys or more).
     """
     A, pw, wtop, nrm, G, lo, hi, use_box = prep
     N, d = A.shape
@@ -184,7 +187,7 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
             tb = time.perf_counter()
             n0 = int(st.state[2])
             search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(),
-                    own_best, own_set, budget, nref, THETA, DECAY, exclude, st.floor)
+                    own_best, own_set, budget, nref, theta, decay, exclude, st.floor)
             now = time.perf_counter()
             job = None
             with cond:
