@@ -221,7 +221,8 @@ def test_bnb_long_rows_take_their_own_steps_on_every_thread(monkeypatch):
     seen = []
 
     def recorded(*args):
-        seen.append((args[-5], args[-4], args[-3], threading.current_thread() is threading.main_thread()))  # nref, theta, decay
+        # (nref, theta, decay, whether on the main thread)
+        seen.append((args[-5], args[-4], args[-3], threading.current_thread() is threading.main_thread()))
         return search(*args)
 
     monkeypatch.setattr(bnb, "_search", recorded)

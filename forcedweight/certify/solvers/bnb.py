@@ -19,10 +19,10 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
   The test is valid for *any* unit vector u, and its value is concave in u with supergradient
   ``y_T + sum_Z a_z`` (Z the minimising completion). When it fails, up to ``NREF = 8``
   (``NREF_LONG = 16`` on rows of ``LONG_ROWS = 2,048`` keys or more) supergradient steps
-  (lengths THETA / sqrt(j); THETA_LONG / j**DECAY_LONG on those long rows) improve u; u stays a combination of ``y_T`` and
-  the ``a_z`` met so far, ``sum_z c_z <a_z, a_k>`` is accumulated from Gram rows step by step and
-  ``||v||``, ``<v, y_T>`` come from Gram entries with a rounding margin (a step costs
-  r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
+  (lengths THETA / sqrt(j); THETA_LONG / j**DECAY_LONG on those long rows) improve u; u stays a
+  combination of ``y_T`` and the ``a_z`` met so far, ``sum_z c_z <a_z, a_k>`` is accumulated from Gram
+  rows step by step and ``||v||``, ``<v, y_T>`` come from Gram entries with a rounding margin (a step
+  costs r |R| + r^2, no d-vector). On real SmolLM2 rows this cut the nodes 2-9x against 2 steps and
   the wall time 1.3-3x on hard rows (the first pruning success ends the steps).
   The scans for the r smallest stop early once no later key (smaller norm) can enter them
   (``node_tests._node_lb_ok``; the same keys and sums as a full scan), and so do the leaves.
@@ -62,9 +62,9 @@ from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RES
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
-from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, DECAY_LONG, LONG_ROWS, NREF, NREF_LONG, SAFE, THETA,
-                                                     THETA_LONG,
-                                                     _box_tables, _exclude, _node_lb_ok, mass_tops, node_scratch)
+from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, DECAY_LONG, LONG_ROWS, NREF, NREF_LONG, SAFE,
+                                                     THETA, THETA_LONG, _box_tables, _exclude, _node_lb_ok, mass_tops,
+                                                     node_scratch)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
