@@ -210,6 +210,7 @@ def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
     so small rows take the long-row path); either way its bounds stay <= the brute-force optimum."""
     import forcedweight.certify.solvers.bnb as bnb
     import forcedweight.certify.solvers.frontier as fr
+    from forcedweight.certify.solvers import node_tests as nt
     from forcedweight.certify.solvers.bounds import RELAX_ITERS
 
     assert bnb.refine_relax_iters(bnb.LONG_ROWS - 1, 150) == 150 and bnb.refine_relax_iters(bnb.LONG_ROWS, 150) == 0
@@ -223,6 +224,7 @@ def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
     monkeypatch.setattr(fr, "_refine", spy)
     for long_from, expect in ((bnb.LONG_ROWS, RELAX_ITERS), (10, 0)):
         monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
+        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # the search's steps too (node_tests.search_steps)
         stopped = 0
         for seed in range(8):
             p, V = _pv(seed, 13, 3, 1.0)

@@ -152,18 +152,18 @@ def test_bnb_from_a_bad_incumbent_with_and_without_polish(row):
 def test_direction_steps_prune_more_and_stay_exact(monkeypatch):
     # rows large enough that the supergradient steps on u fire at many nodes: with them the
     # search visits fewer nodes, and with or without them it matches the brute force
-    import forcedweight.certify.solvers.bnb as bnb
+    from forcedweight.certify.solvers import node_tests as nt
 
     for seed, sigma in ((5, 1.0), (6, 0.7)):
         p, V = synthetic_row(26, sigma, seed, d=6)
         ref, _ = brute_force_best(p, V, 5)
         nodes = {}
-        for nref in (0, 2, bnb.NREF):
-            monkeypatch.setattr(bnb, "NREF", nref)
+        for nref in (0, 2, nt.NREF):
+            monkeypatch.setattr(nt, "NREF", nref)  # (node_tests.search_steps)
             res = solve_bnb(p, V, 5, time_limit=60)
             check_result(res, p, V, 5, ref, 2 * REL_TOL)
             nodes[nref] = res.info["nodes"]
-        assert nodes[bnb.NREF] < nodes[0]
+        assert nodes[nt.NREF] < nodes[0]
 
 
 def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch):
@@ -199,8 +199,11 @@ def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypa
     # long-row step count forced on (LONG_ROWS = 10) as well as off, bnb matches the brute force
     import forcedweight.certify.solvers.bnb as bnb
 
+    from forcedweight.certify.solvers import node_tests as nt
+
     for long_from in (bnb.LONG_ROWS, 10):
         monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
+        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # (node_tests.search_steps)
         for seed in range(4):
             p, V = synthetic_row(40, 3.0, seed, d=4)
             for s in (2, 3, 4):
@@ -232,7 +235,7 @@ def test_bnb_long_rows_take_their_own_steps_on_every_thread(monkeypatch):
     bad = np.argsort(p, kind="stable")[:5]
     for long_from, steps in ((bnb.LONG_ROWS, (nt.NREF, nt.THETA, nt.DECAY)),
                              (10, (nt.NREF_LONG, nt.THETA_LONG, nt.DECAY_LONG))):
-        monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
+        monkeypatch.setattr(nt, "LONG_ROWS", long_from)
         seen.clear()
         res = solve_bnb(p, V, 5, incumbent=bad, threads=2, time_limit=60)
         check_result(res, p, V, 5, ref, 2 * REL_TOL)

@@ -136,7 +136,7 @@ def test_threads_stop_at_the_deadline(monkeypatch):
     """A deadline already past: each thread runs one batch (FIRST_BATCH nodes) and stops, inside its
     part, and the search is reported open with a frontier to bound."""
     from forcedweight.certify.solvers.bnb import _prepared, _search, search_order
-    from forcedweight.certify.solvers.node_tests import NREF
+    from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
     monkeypatch.setattr(subtrees, "FIRST_BATCH", 50)
@@ -147,7 +147,8 @@ def test_threads_stop_at_the_deadline(monkeypatch):
     best = np.array([np.inf])
     bestset = np.arange(5)
     done, counts, frontier = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), 5, 1e-9,
-                                                      kappa, gamma, serial, best, bestset, NREF, True, 0.0, 2)
+                                                      kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY), True,
+                                                      0.0, 2)
     assert not done and frontier is not None
     assert 0 < counts[0] <= 2 * 50
     assert counts[0] == counts[2:].sum()
@@ -159,7 +160,7 @@ def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
     due only after more nodes than the search needs never runs (and the search then visits more nodes); the
     proof equals brute force either way."""
     from forcedweight.certify.solvers.bnb import _prepared, _search, _set_error, search_order
-    from forcedweight.certify.solvers.node_tests import NREF
+    from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
     monkeypatch.setattr(subtrees, "FIRST_BATCH", 3)  # many batch ends, so a thread meets the job inside a part
@@ -186,8 +187,8 @@ def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
         best = np.array([_set_error(A, pw, start)])
         bestset = start.copy()
         done, counts, _ = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9,
-                                                   kappa, gamma, serial, best, bestset, NREF, True, np.inf, 2,
-                                                   [(due, job)])
+                                                   kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY), True,
+                                                   np.inf, 2, [(due, job)])
         assert done and len(calls) == runs
         nodes[runs] = int(counts[0])
         if runs:
@@ -228,7 +229,7 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
     import time
 
     from forcedweight.certify.solvers.bnb import _prepared, _search, _set_error, search_order
-    from forcedweight.certify.solvers.node_tests import NREF
+    from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
     monkeypatch.setattr(subtrees, "FIRST_BATCH", 3)
@@ -253,8 +254,8 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
     start = np.arange(n - s, n)
     best = np.array([_set_error(A, pw, start)])
     done, counts, _ = subtrees.search_subtrees(search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9, kappa, gamma,
-                                               subtrees.SearchState(n, s, A.shape[1]), best, start.copy(), NREF,
-                                               True, np.inf, 2, [(0, job)])
+                                               subtrees.SearchState(n, s, A.shape[1]), best, start.copy(),
+                                               (NREF, THETA, DECAY), True, np.inf, 2, [(0, job)])
     assert done and abs(best[0] - opt) <= 1e-12 * opt
     assert max(t for _, t in batches) < job_ran["end"]  # nothing waited for the job
     assert any(th != job_ran["thread"] for th, _ in batches)

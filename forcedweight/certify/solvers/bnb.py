@@ -62,9 +62,8 @@ from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RES
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
-from forcedweight.certify.solvers.node_tests import (_EPS, DECAY, DECAY_LONG, LONG_ROWS, NREF, NREF_LONG, SAFE,
-                                                     THETA, THETA_LONG, _box_tables, _exclude, _node_lb_ok, mass_tops,
-                                                     node_scratch)
+from forcedweight.certify.solvers.node_tests import (_EPS, LONG_ROWS, SAFE, _box_tables, _exclude, _node_lb_ok,
+                                                     mass_tops, node_scratch, search_steps)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
@@ -265,8 +264,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     search = SearchState(N, s, A.shape[1])
     pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
     threads = 1 if node_limit is not None else max(1, int(threads))
-    nref = NREF_LONG if N >= LONG_ROWS else NREF
-    theta, decay = (THETA_LONG, DECAY_LONG) if N >= LONG_ROWS else (THETA, DECAY)
+    nref, theta, decay = search_steps(N)
     budget = 256
     deadline = t0 + time_limit
     # incumbent phases, at node counts where a batch ends exactly (node-limited runs stay
@@ -303,8 +301,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             # of them beside the search
             jobs = [(after, functools.partial(phase, restarts)) for after, restarts in phases]
             done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
-                                                     kappa, gamma, search, best, bestset, nref, exclude,
-                                                     deadline, threads, jobs, theta=theta, decay=decay)
+                                                     kappa, gamma, search, best, bestset, (nref, theta, decay),
+                                                     exclude, deadline, threads, jobs)
             if frontier is not None:
                 search = frontier
                 pos, L, Ln, state, ys, ws, bs, cs = search.arrays()

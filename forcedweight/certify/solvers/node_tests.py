@@ -30,6 +30,12 @@ THETA_LONG = 1.4  # ... and with the NREF_LONG steps of the search on long rows 
 DECAY_LONG = 0.9  # from their optima, one thread: 0.80x and 0.93x the time of 1.0 / 0.5; BENCHMARKS.md, issue 15)
 
 
+def search_steps(N: int) -> tuple:
+    """``(nref, theta, decay)``: the search's supergradient steps per node test and their lengths on a row
+    of ``N`` keys (the long rows' ones from ``LONG_ROWS`` keys on)."""
+    return (NREF_LONG, THETA_LONG, DECAY_LONG) if N >= LONG_ROWS else (NREF, THETA, DECAY)
+
+
 @njit(cache=True)
 def _box_tables(A, s, lo, hi):
     """lo[j, r, q] / hi[j, r, q]: sum of the r smallest / largest A[k, q] over k >= j."""

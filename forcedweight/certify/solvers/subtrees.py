@@ -33,7 +33,6 @@ import time
 
 import numpy as np
 
-from forcedweight.certify.solvers.node_tests import DECAY, THETA
 
 WAIT = 0.02  # seconds an idle thread waits for a part before it looks again
 FIRST_BATCH = 256  # nodes of a thread's first batch (then sized to about 10 ms, as in the serial search)
@@ -111,8 +110,8 @@ class SearchState:
         return None
 
 
-def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState, best, bestset, nref, exclude,
-                    deadline, threads: int, jobs=(), theta=THETA, decay=DECAY):
+def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState, best, bestset, steps, exclude,
+                    deadline, threads: int, jobs=()):
     """Go on with ``serial`` (a search stopped between batches) on ``threads`` threads until it is
     complete or ``time.perf_counter() >= deadline``.
 
@@ -133,8 +132,8 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
     functions do); a returned ``(set, value)`` better than the best is published as a thread's would be.
     Jobs not due before the search ends or times out are not run.
 
-    ``nref``, ``theta``, ``decay``: the node tests' supergradient steps and their lengths (``bnb`` passes
-    the long rows' ones on rows of ``LONG_ROWS`` keys or more).
+    ``steps``: ``(nref, theta, decay)``, the node tests' supergradient steps and their lengths
+    (``node_tests.search_steps``).
     """
     A, pw, wtop, nrm, G, lo, hi, use_box = prep
     N, d = A.shape
@@ -187,7 +186,7 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
             tb = time.perf_counter()
             n0 = int(st.state[2])
             search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(),
-                    own_best, own_set, budget, nref, theta, decay, exclude, st.floor)
+                    own_best, own_set, budget, *steps, exclude, st.floor)
             now = time.perf_counter()
             job = None
             with cond:
