@@ -55,8 +55,9 @@ def _run_to_end(st, prep, best, s):
 def test_split_parts_partition_the_search(seed, share):
     """Work stealing without threads: under a fixed incumbent just below the optimum (nothing can replace
     it, so every prune is the same in any order), the largest first-level subtree of the first eight keys,
-    stopped ``share`` of the way through and split (``SearchState.split``), with both parts run to their ends, visits exactly the nodes of
-    the unsplit subtree, level by level; the part handed off starts at a later sibling of a path node."""
+    stopped ``share`` of the way through and split (``SearchState.split``), with both parts run to their
+    ends, visits exactly the nodes of the unsplit subtree, level by level; the part handed off starts at a
+    later sibling of a path node."""
     from forcedweight.certify.solvers.bnb import _prepared, _search, search_order
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
