@@ -162,6 +162,54 @@ def _h_at(kk, G, zs, zc, nzl):
     return acc
 
 
+@njit(cache=True, error_model="numpy")
+def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, nv, err, c, lp, lam, hv,
+               marking, buf, bidx):
+    """One supergradient step's scan of ``_node_lb_ok``: the r smallest ``g`` over ``L[p0:ln]`` into
+    ``buf``/``bidx`` (early-stopped as the test's first scan), filling the step sums ``h`` of the positions
+    read for the first time (from ``hv`` on) and, when ``marking``, the reduced costs ``xs``. Returns
+    ``(hv, iend, xmax)``: how far ``h`` is filled, the end of the positions read, their largest ``g``
+    (marking scans). Two loops, the positions already filled and then the new ones, so that the first (most
+    of a scan) holds few values and keeps them in registers. ``nv > 0`` (the caller checks), so the
+    division needs no zero check (``error_model="numpy"``)."""
+    n = 0
+    worst = np.inf
+    xmax = -np.inf
+    stop = min(hv, ln)
+    for i in range(p0, stop):
+        ui = uint64(i)
+        kk = L[ui]
+        uk = uint64(kk)
+        if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
+            return hv, i, xmax
+        x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+        if marking:
+            xs[ui] = x
+            xmax = max(xmax, x)
+        if n < r or x < worst:
+            n = _insert(x, i, n, r, buf, bidx)
+            if n == r:
+                worst = buf[r - 1]
+    for i in range(stop, ln):
+        ui = uint64(i)
+        kk = L[ui]
+        uk = uint64(kk)
+        if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
+            return hv, i, xmax
+        h[ui] = _h_at(kk, G, zs, zc, nz)
+        mk[ui] = 0.0
+        hv = i + 1
+        x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+        if marking:
+            xs[ui] = x
+            xmax = max(xmax, x)
+        if n < r or x < worst:
+            n = _insert(x, i, n, r, buf, bidx)
+            if n == r:
+                worst = buf[r - 1]
+    return hv, ln, xmax
+
+
 @njit(cache=True)
 def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, wtop,
                 buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk):
@@ -349,34 +397,13 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         dot = vy - kap2 * bz * bs[t]
         err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
         c = 1.0 + 2.0 * err + SAFE
-        n = 0
-        worst = np.inf
-        iend = p0
-        xmax = -np.inf
         # the scans of the last half of the steps mark the keys they exclude, for _exclude (dall4096 rows 23
         # and 49 from their optima, one thread: the last half 2.38-2.42 s and 13.7-13.9 s, every scan
         # 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3;
         # BENCHMARKS.md, issue 15)
         marking = r >= 2 and step >= nref // 2
-        for i in range(p0, ln):
-            ui = uint64(i)
-            kk = L[ui]
-            uk = uint64(kk)
-            if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
-                break
-            if i >= hv:
-                h[ui] = _h_at(kk, G, zs, zc, nz)
-                mk[ui] = 0.0
-                hv = i + 1
-            x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
-            if marking:
-                xs[ui] = x
-                xmax = max(xmax, x)
-            iend = i + 1
-            if n < r or x < worst:
-                n = _insert(x, i, n, r, buf, bidx)
-                if n == r:
-                    worst = buf[r - 1]
+        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, nv,
+                                    err, c, lp, lam, hv, marking, buf, bidx)
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
             return False
