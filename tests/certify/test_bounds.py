@@ -213,7 +213,7 @@ def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
     from forcedweight.certify.solvers import node_tests as nt
     from forcedweight.certify.solvers.bounds import RELAX_ITERS
 
-    assert bnb.refine_relax_iters(bnb.LONG_ROWS - 1, 150) == 150 and bnb.refine_relax_iters(bnb.LONG_ROWS, 150) == 0
+    assert bnb.refine_relax_iters(nt.LONG_ROWS - 1, 150) == 150 and bnb.refine_relax_iters(nt.LONG_ROWS, 150) == 0
     seen = []
     real = fr._refine
 
@@ -222,9 +222,8 @@ def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(fr, "_refine", spy)
-    for long_from, expect in ((bnb.LONG_ROWS, RELAX_ITERS), (10, 0)):
-        monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
-        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # the search's steps too (node_tests.search_steps)
+    for long_from, expect in ((nt.LONG_ROWS, RELAX_ITERS), (10, 0)):
+        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # the refinement's rule and the search's steps
         stopped = 0
         for seed in range(8):
             p, V = _pv(seed, 13, 3, 1.0)

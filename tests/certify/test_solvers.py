@@ -197,13 +197,10 @@ def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch
 def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypatch):
     # peaked masses (most keys light): the scans and the leaves stop early at most nodes; with the
     # long-row step count forced on (LONG_ROWS = 10) as well as off, bnb matches the brute force
-    import forcedweight.certify.solvers.bnb as bnb
-
     from forcedweight.certify.solvers import node_tests as nt
 
-    for long_from in (bnb.LONG_ROWS, 10):
-        monkeypatch.setattr(bnb, "LONG_ROWS", long_from)
-        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # (node_tests.search_steps)
+    for long_from in (nt.LONG_ROWS, 10):
+        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # (node_tests.search_steps, bnb.refine_relax_iters)
         for seed in range(4):
             p, V = synthetic_row(40, 3.0, seed, d=4)
             for s in (2, 3, 4):
@@ -233,7 +230,7 @@ def test_bnb_long_rows_take_their_own_steps_on_every_thread(monkeypatch):
     p, V = synthetic_row(40, 0.3, 3, d=4)
     ref, _ = brute_force_best(p, V, 5)
     bad = np.argsort(p, kind="stable")[:5]
-    for long_from, steps in ((bnb.LONG_ROWS, (nt.NREF, nt.THETA, nt.DECAY)),
+    for long_from, steps in ((nt.LONG_ROWS, (nt.NREF, nt.THETA, nt.DECAY)),
                              (10, (nt.NREF_LONG, nt.THETA_LONG, nt.DECAY_LONG))):
         monkeypatch.setattr(nt, "LONG_ROWS", long_from)
         seen.clear()

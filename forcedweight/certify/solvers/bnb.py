@@ -62,8 +62,9 @@ from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RES
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
-from forcedweight.certify.solvers.node_tests import (_EPS, LONG_ROWS, SAFE, _box_tables, _exclude, _node_lb_ok,
-                                                     mass_tops, node_scratch, search_steps)
+from forcedweight.certify.solvers import node_tests
+from forcedweight.certify.solvers.node_tests import (_EPS, SAFE, _box_tables, _exclude, _node_lb_ok, mass_tops,
+                                                     node_scratch, search_steps)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
@@ -427,7 +428,8 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
 
 def refine_relax_iters(n_keys: int, relax_iters: int) -> int:
     """The relaxation steps of the bound refinement (``frontier._refine``) on a row of ``n_keys`` keys:
-    ``relax_iters`` below ``LONG_ROWS`` keys, 0 (split and test only) from there on.
+    ``relax_iters`` below ``node_tests.LONG_ROWS`` keys (the long rows of ``search_steps`` too), 0 (split and
+    test only) from there on.
 
     A relaxation step costs O((N - k) d) key-steps, so on long rows the default budget bought 1-4 relaxed
     nodes and no split, leaving the bound where the first-level pass had it; without the relaxation the same
@@ -435,4 +437,4 @@ def refine_relax_iters(n_keys: int, relax_iters: int) -> int:
     (BENCHMARKS.md, issue 15) the bound rose on 8 and fell on none. Below LONG_ROWS the relaxation is kept
     (on layer-0 rows of N ~ 230 the bound fell without it).
     """
-    return int(relax_iters) if n_keys < LONG_ROWS else 0
+    return int(relax_iters) if n_keys < node_tests.LONG_ROWS else 0
