@@ -171,7 +171,9 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, a
     ``(hv, iend, xmax)``: how far ``h`` is filled, the end of the positions read, their largest ``g``
     (marking scans). Two loops, the positions already filled and then the new ones, so that the first (most
     of a scan) holds few values and keeps them in registers. ``nv > 0`` (the caller checks), so the
-    division needs no zero check (``error_model="numpy"``)."""
+    division needs no zero check (``error_model="numpy"``). The loops' shared body is written out twice on
+    purpose: as a Numba ``inline="always"`` helper it made the search 5-6x slower (row 49 from its optimum:
+    72-81 s against 12.3-12.8 s; BENCHMARKS.md, issue 15)."""
     n = 0
     worst = np.inf
     xmax = -np.inf
