@@ -30,6 +30,11 @@ KICK_WORK = 5e7  # default budget in pair evaluations (~0.25 s at N = 1024, s = 
 KICK_AFTER = 5000  # the branch and bound runs the kicks only when not done after this many nodes
 RESTART_AFTER = 20_000  # ... and the random restarts after this many (N ~ 4,096: rows proved in ~7,000 nodes
 # paid ~0.3 s for restarts at 5,000 that never helped them; BENCHMARKS.md, issue 15)
+RESTART_GROWTH = 8  # ... and again, with seed j, after RESTART_AFTER * RESTART_GROWTH**j nodes (j = 1, 2, ...:
+# 160,000 and 1.28 million; at N ~ 4,096 on two threads a 10 s search visits ~700,000: on the 93 built-in rows the
+# value fell on 6 of the 13 left open (0.4-11 %) and rows proved past 160,000 nodes took up to 8 % longer; 4 (4**j)
+# lowered 7 and slowed them up to 13 %; BENCHMARKS.md, issue 15)
+RESTART_PHASES = 6  # restart phases in all (the 6th after 6.6e8 nodes: hours of search)
 KICK_SIZE = 2  # kept keys replaced per kick
 RESTART_WINDOW = 4  # the windowed restarts draw their starts from RESTART_WINDOW * s keys of comparable mass
 REL = 1e-12  # a swap must lower E by this relative amount (guards against round-off cycles)

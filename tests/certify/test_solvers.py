@@ -194,6 +194,40 @@ def test_bnb_kick_search_mid_search_keeps_it_exact_and_deterministic(monkeypatch
     assert reached
 
 
+def test_bnb_restarts_again_with_the_next_seed_as_the_search_grows(monkeypatch):
+    # restart phases j = 0, 1, ... run after RESTART_AFTER * RESTART_GROWTH**j nodes, each drawing
+    # from seed j (uniform, then windowed starts), on one thread and on two; the proof stays exact
+    import forcedweight.certify.solvers.bnb as bnb
+
+    monkeypatch.setattr(bnb, "KICK_AFTER", 10)
+    monkeypatch.setattr(bnb, "RESTART_AFTER", 20)
+    monkeypatch.setattr(bnb, "RESTART_GROWTH", 2)
+    seeds = []
+    real = bnb.multistart_search
+
+    def recording(A, pw, G, s, work, seed, window=0):
+        seeds.append((seed, window > 0))
+        return real(A, pw, G, s, work, seed, window)
+
+    monkeypatch.setattr(bnb, "multistart_search", recording)
+    p, V = synthetic_row(40, 0.3, 11, d=4)
+    ref, _ = brute_force_best(p, V, 6)
+    bad = np.argsort(p, kind="stable")[:6]
+    res = solve_bnb(p, V, 6, incumbent=bad, time_limit=60, node_limit=170)
+    due = [j for j in range(bnb.RESTART_PHASES) if 20 * 2 ** j <= 170]  # phases at 20, 40, 80, 160 nodes
+    assert res.info["nodes"] == 170  # (the row takes more nodes than that)
+    assert seeds == [(j, w) for j in due for w in (False, True)]
+    for threads in (1, 2):
+        seeds.clear()
+        res = solve_bnb(p, V, 6, incumbent=bad, time_limit=60, threads=threads)
+        check_result(res, p, V, 6, ref, 2 * REL_TOL)
+        ran = len(seeds) // 2
+        if threads == 1:  # the node-limited run's first 170 nodes, then as many more as the search takes
+            assert seeds[:2 * len(due)] == [(j, w) for j in due for w in (False, True)]
+        else:  # on two threads phases due close together may overlap: each seed once, with both windows
+            assert ran >= 1 and sorted(seeds) == [(j, w) for j in range(ran) for w in (False, True)]
+
+
 def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypatch):
     # peaked masses (most keys light): the scans and the leaves stop early at most nodes; with the
     # long-row step count forced on (LONG_ROWS = 10) as well as off, bnb matches the brute force

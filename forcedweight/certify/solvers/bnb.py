@@ -57,8 +57,8 @@ import numpy as np
 from numba import njit
 
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RESTART_AFTER, RESTART_WINDOW,
-                                           kick_search, multistart_search)
+from forcedweight.core.kick_search import (KICK_AFTER, KICK_SIZE, KICK_WORK, RESTART_AFTER, RESTART_GROWTH,
+                                           RESTART_PHASES, RESTART_WINDOW, kick_search, multistart_search)
 from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
@@ -192,7 +192,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     rel_tol : a node is pruned when its bound is >= best * (1 - rel_tol).
     polish : first improve the incumbent by best-improvement 1-swaps over all keys; and when the
         search is not done after ``kick_search.KICK_AFTER`` nodes, by ``kick_work`` pair
-        evaluations of random kicks and 1-swap descents (``core.kick_search``; 0 = off).
+        evaluations of random kicks and 1-swap descents, and after ``RESTART_AFTER * RESTART_GROWTH**j``
+        nodes (j = 0, 1, ...) by random restarts from seed j (``core.kick_search``; 0 = off).
     node_limit : optional cap on the search nodes (deterministic: the same stop, statuses and
         bounds on any machine, when ``time_limit`` is not reached first).
     A : optional (N, d) centred contributions ``a_i = p_i (v_i - mu)`` to use instead of
@@ -270,16 +271,18 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     deadline = t0 + time_limit
     # incumbent phases, at node counts where a batch ends exactly (node-limited runs stay
     # deterministic): kicks from the best set after KICK_AFTER nodes, then random restarts (and
-    # kicks from their best when it is better) after RESTART_AFTER; rows proved before never pay.
+    # kicks from their best when it is better) after RESTART_AFTER, and again with seed j after
+    # RESTART_AFTER * RESTART_GROWTH**j; rows proved before never pay.
     # On one thread they pause the search; on several they run beside it (subtrees' jobs)
-    phases = [(KICK_AFTER, False), (RESTART_AFTER, True)] if polish and kick_work > 0 else []
+    phases = ([(KICK_AFTER, None)] + [(RESTART_AFTER * RESTART_GROWTH ** j, j) for j in range(RESTART_PHASES)]
+              if polish and kick_work > 0 else [])
     gains = {"kick": None, "restart": None}
 
-    def phase(restarts, start_set, best_value):
-        found, e_found, gain, r_gain = _incumbent_phase(A, pw, G, s, float(kick_work), restarts, start_set,
+    def phase(seed, start_set, best_value):
+        found, e_found, gain, r_gain = _incumbent_phase(A, pw, G, s, float(kick_work), seed, start_set,
                                                         best_value)
         if r_gain is not None:
-            gains["restart"] = r_gain
+            gains["restart"] = r_gain or bool(gains["restart"])
         if gain is not None:
             gains["kick"] = gain or bool(gains["kick"])
         return (found, e_found) if gain else None
@@ -300,7 +303,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         elif threads > 1:
             # the later first-level subtrees go to several threads, and the incumbent phases left run on one
             # of them beside the search
-            jobs = [(after, functools.partial(phase, restarts)) for after, restarts in phases]
+            jobs = [(after, functools.partial(phase, seed)) for after, seed in phases]
             done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
                                                      kappa, gamma, search, best, bestset, (nref, theta, decay),
                                                      exclude, deadline, threads, jobs)
@@ -352,18 +355,18 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
                         rel_tol * value, info)
 
 
-def _incumbent_phase(A, pw, G, s, work, restarts, start_set, best_value):
+def _incumbent_phase(A, pw, G, s, work, seed, start_set, best_value):
     """One incumbent phase of the search (arrays in its order, as ``_search``'s): ``work`` pair evaluations
-    of kicks from ``start_set`` (s,), the best set so far; with ``restarts``, first random restarts
-    (uniform starts, then starts among keys of comparable mass, ``work`` each), kicked from their best
-    only when it beats ``best_value``. Returns ``(found, value, kick_gain, restart_gain)``: the kicks' set
+    of kicks from ``start_set`` (s,), the best set so far; with a ``seed`` (not None), first random restarts
+    drawn from it (uniform starts, then starts among keys of comparable mass, ``work`` each), kicked (with
+    the same seed) from their best only when it beats ``best_value``. Returns ``(found, value, kick_gain, restart_gain)``: the kicks' set
     (s,) and its E (None, inf when they did not run), and whether the kicks / the restarts beat
     ``best_value`` (None when they did not run)."""
     restart_gain = None
-    if restarts:
-        restart = multistart_search(A, pw, G, s, work, 0)
+    if seed is not None:
+        restart = multistart_search(A, pw, G, s, work, seed)
         e_restart = _set_error(A, pw, restart)
-        windowed = multistart_search(A, pw, G, s, work, 0, RESTART_WINDOW * s)
+        windowed = multistart_search(A, pw, G, s, work, seed, RESTART_WINDOW * s)
         e_windowed = _set_error(A, pw, windowed)
         if e_windowed < e_restart:
             restart, e_restart = windowed, e_windowed
@@ -371,7 +374,7 @@ def _incumbent_phase(A, pw, G, s, work, restarts, start_set, best_value):
         if not restart_gain:
             return None, np.inf, None, False
         start_set = restart
-    kicked = kick_search(A, pw, G, start_set, work, KICK_SIZE, 0)
+    kicked = kick_search(A, pw, G, start_set, work, KICK_SIZE, 0 if seed is None else seed)
     e_kick = _set_error(A, pw, kicked)
     return kicked, e_kick, bool(e_kick < best_value), restart_gain
 
