@@ -32,7 +32,7 @@ RESTART_AFTER = 20_000  # ... and the random restarts after this many (N ~ 4,096
 # paid ~0.3 s for restarts at 5,000 that never helped them; BENCHMARKS.md, issue 15)
 RESTART_GROWTH = 8  # ... and again, with seed j, after RESTART_AFTER * RESTART_GROWTH**j nodes (j = 1, 2, ...:
 # 160,000 and 1.28 million; at N ~ 4,096 on two threads a 10 s search visits ~700,000: on the 93 built-in rows the
-# value fell on 6 of the 13 left open (0.4-11 %) and rows proved past 160,000 nodes took up to 8 % longer; 4 (4**j)
+# value fell on 6 of the 13 left open (0.4-11 %) and rows proved past 160,000 nodes took up to 9 % longer; 4 (4**j)
 # lowered 7 and slowed them up to 13 %; BENCHMARKS.md, issue 15)
 RESTART_PHASES = 6  # restart phases in all (the 6th after 6.6e8 nodes: hours of search)
 KICK_SIZE = 2  # kept keys replaced per kick
