@@ -40,6 +40,7 @@ from forcedweight.certify.solvers.frontier import _first_level_vals
 from forcedweight.certify.solvers.lp_bound import tail_bound
 from forcedweight.certify.warmup import warm_up
 from forcedweight.core import operator as op
+from forcedweight.rows import rows_by_id
 
 
 def has_cancelling_point(A, k: int, r: int) -> bool:
@@ -119,17 +120,6 @@ def relax_sweep(A, pw, nrm, k_from, k_to, s, top, steps, vals):
             tk = tn
         _point(A, k, lo, x, y)
         vals[k] = _bound_along(y.copy(), A[k].copy(), pw[k], A, pw, nrm, lo, r, top)
-
-
-def rows_by_id(path, ids):
-    from forcedweight.rows import Row, iter_rows
-
-    out = {}
-    for i, r in enumerate(iter_rows(path, skip_invalid=True)):
-        rid = getattr(r, "row_id", i)
-        if isinstance(r, Row) and rid in ids:
-            out[rid] = r
-    return out
 
 
 def main():

@@ -40,15 +40,6 @@ SPAN_GAP = 0x30  # samples closer than this many bytes are one span
 CODE_MAX = 1 << 18  # bytes copied per function at most
 
 
-def _row(path, row_id):
-    from forcedweight.rows import Row, iter_rows
-
-    for i, r in enumerate(iter_rows(path, skip_invalid=True)):
-        if isinstance(r, Row) and int(getattr(r, "row_id", i)) == row_id:
-            return r
-    sys.exit(f"profile_bnb: no row with row_id {row_id} in {path}")
-
-
 def _functions():
     """[(address, name)] of the compiled functions linked into ``bnb._search``, ascending."""
     from forcedweight.certify.solvers import bnb
@@ -109,8 +100,11 @@ def main(argv=None) -> None:
             sys.exit(f"profile_bnb: `{tool}` not found (Linux perf and GNU binutils are needed)")
 
     from forcedweight.certify.solvers.bnb import solve_bnb
+    from forcedweight.rows import rows_by_id
 
-    r = _row(args.real, args.row)
+    r = rows_by_id(args.real, [args.row]).get(args.row)
+    if r is None:
+        sys.exit(f"profile_bnb: no row with row_id {args.row} in {args.real}")
     start = None if args.incumbent is None else np.load(args.incumbent)
     solve_bnb(r.p[:400] / r.p[:400].sum(), r.V[:400], args.s, time_limit=0.3, kick_work=0)  # compile here
     funcs = _functions()

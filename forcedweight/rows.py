@@ -234,6 +234,13 @@ def iter_rows(path: str | os.PathLike, skip_invalid: bool = False) -> Iterator[R
             yield row
 
 
+def rows_by_id(path: str | os.PathLike, ids) -> dict[int, Row]:
+    """The valid rows of a file or directory whose ``row_id`` is in ``ids``, keyed by it (one streaming
+    pass; invalid rows and ids not found are left out)."""
+    wanted = {int(i) for i in ids}
+    return {r.row_id: r for r in iter_rows(path, skip_invalid=True) if isinstance(r, Row) and r.row_id in wanted}
+
+
 def rows_from_batch(
     batch: pa.RecordBatch | pa.Table, start: int = 0, source: str | None = None, skip_invalid: bool = False
 ) -> list[Row | InvalidRow]:

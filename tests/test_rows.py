@@ -151,3 +151,15 @@ def test_load_rows_scans_the_row_shards_of_a_dump_only(tmp_path):
     with pytest.raises(errors.InputError, match="incomplete dump"):
         forcedweight.load_rows(d)
     assert forcedweight.load_rows(d, allow_incomplete=True).collect().height == 6
+
+
+def test_rows_by_id_picks_valid_rows_across_files(tmp_path):
+    # two shards; ids found in either, an invalid row and a missing id left out
+    pq.write_table(_table(3), tmp_path / "a.parquet")
+    bad = rows.make_row_table([{"row_id": 7, "weights": [0.5, -0.5], "values": [1.0, 2.0], "value_dim": 1}])
+    pq.write_table(bad, tmp_path / "b.parquet")
+    got = rows.rows_by_id(tmp_path, [102, 100, 7, 999])
+    assert sorted(got) == [100, 102]
+    assert all(isinstance(r, rows.Row) and r.row_id == k for k, r in got.items())
+    first = next(rows.iter_rows(tmp_path / "a.parquet"))
+    assert np.array_equal(got[100].p, first.p) and np.array_equal(got[100].V, first.V)
