@@ -274,13 +274,15 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     # kicks from their best when it is better) after RESTART_AFTER, and again with seed j after
     # RESTART_AFTER * RESTART_GROWTH**j; rows proved before never pay.
     # On one thread they pause the search; on several they run beside it (subtrees' jobs)
-    phases = ([(KICK_AFTER, None)] + [(RESTART_AFTER * RESTART_GROWTH ** j, j) for j in range(RESTART_PHASES)]
+    # (phases: (nodes, restarts, seed))
+    phases = ([(KICK_AFTER, False, 0)]
+              + [(RESTART_AFTER * RESTART_GROWTH ** j, True, j) for j in range(RESTART_PHASES)]
               if polish and kick_work > 0 else [])
     gains = {"kick": None, "restart": None}
 
-    def phase(seed, start_set, best_value):
-        found, e_found, gain, r_gain = _incumbent_phase(A, pw, G, s, float(kick_work), seed, start_set,
-                                                        best_value)
+    def phase(restarts, seed, start_set, best_value):
+        found, e_found, gain, r_gain = _incumbent_phase(A, pw, G, s, float(kick_work), restarts, seed,
+                                                        start_set, best_value)
         if r_gain is not None:
             gains["restart"] = r_gain or bool(gains["restart"])
         if gain is not None:
@@ -295,7 +297,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         elif phases and threads == 1:
             # the search is not done: a better incumbent only prunes more (the search resumes
             # where it stopped)
-            found = phase(phases.pop(0)[1], bestset.astype(np.int64), best[0])
+            found = phase(*phases.pop(0)[1:], bestset.astype(np.int64), best[0])
             if found is not None:
                 best[0] = found[1]
                 bestset[:] = found[0]
@@ -303,7 +305,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         elif threads > 1:
             # the later first-level subtrees go to several threads, and the incumbent phases left run on one
             # of them beside the search
-            jobs = [(after, functools.partial(phase, seed)) for after, seed in phases]
+            jobs = [(after, functools.partial(phase, restarts, seed)) for after, restarts, seed in phases]
             done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
                                                      kappa, gamma, search, best, bestset, (nref, theta, decay),
                                                      exclude, deadline, threads, jobs)
@@ -355,15 +357,15 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
                         rel_tol * value, info)
 
 
-def _incumbent_phase(A, pw, G, s, work, seed, start_set, best_value):
+def _incumbent_phase(A, pw, G, s, work, restarts, seed, start_set, best_value):
     """One incumbent phase of the search (arrays in its order, as ``_search``'s): ``work`` pair evaluations
-    of kicks from ``start_set`` (s,), the best set so far; with a ``seed`` (not None), first random restarts
-    drawn from it (uniform starts, then starts among keys of comparable mass, ``work`` each), kicked (with
-    the same seed) from their best only when it beats ``best_value``. Returns ``(found, value, kick_gain, restart_gain)``: the kicks' set
-    (s,) and its E (None, inf when they did not run), and whether the kicks / the restarts beat
-    ``best_value`` (None when they did not run)."""
+    of kicks from ``start_set`` (s,), the best set so far; with ``restarts``, first random restarts (uniform
+    starts, then starts among keys of comparable mass, ``work`` each), kicked from their best only when it
+    beats ``best_value``; every random draw from ``seed``. Returns ``(found, value, kick_gain,
+    restart_gain)``: the kicks' set (s,) and its E (None, inf when they did not run), and whether the kicks /
+    the restarts beat ``best_value`` (None when they did not run)."""
     restart_gain = None
-    if seed is not None:
+    if restarts:
         restart = multistart_search(A, pw, G, s, work, seed)
         e_restart = _set_error(A, pw, restart)
         windowed = multistart_search(A, pw, G, s, work, seed, RESTART_WINDOW * s)
@@ -374,7 +376,7 @@ def _incumbent_phase(A, pw, G, s, work, seed, start_set, best_value):
         if not restart_gain:
             return None, np.inf, None, False
         start_set = restart
-    kicked = kick_search(A, pw, G, start_set, work, KICK_SIZE, 0 if seed is None else seed)
+    kicked = kick_search(A, pw, G, start_set, work, KICK_SIZE, seed)
     e_kick = _set_error(A, pw, kicked)
     return kicked, e_kick, bool(e_kick < best_value), restart_gain
 

@@ -8,11 +8,12 @@ have ``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstr
 ``_node_value`` turns it into a proved lower bound by bisection on ``lam``; ``_step_scan`` is one
 supergradient step's scan of ``_node_lb_ok``; ``_exclude`` drops the candidates that no completion with
 ``E < lam`` can hold (reduced-cost fixing with the test's direction). Arrays: ``A`` (N, d) contributions
-in the search's order and basis, ``pw`` (N,) masses, ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix, ``lo``/``hi`` box tables, ``ys`` (levels, d),
-``ws``/``bs`` (levels,), ``cs`` (levels, N) (``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's
-candidate list ``L``, from Gram rows), ``mx`` (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1)
-suffix mass tops (``mass_tops``; ``wtop[j, 1]`` is the largest mass from key j on); scratch ``buf``,
-``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``, ``gk`` (``node_scratch``).
+in the search's order and basis, ``pw`` (N,) masses, ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix,
+``lo``/``hi`` box tables, ``ys`` (levels, d), ``ws``/``bs`` (levels,), ``cs`` (levels, N)
+(``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's candidate list ``L``, from Gram rows), ``mx``
+(N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1) suffix mass tops (``mass_tops``; ``wtop[j, 1]``
+is the largest mass from key j on); scratch ``buf``, ``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``, ``gk``
+(``node_scratch``).
 """
 
 from __future__ import annotations
