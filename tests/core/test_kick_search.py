@@ -106,3 +106,48 @@ def test_windowed_starts_lie_in_a_mass_window_and_reach_small_optima():
         best = min(op.forced_error(p, V, np.array(S)) for S in combinations(range(n), s))
         out = multistart_search(A, pw, G, s, 2e5, 0, 2 * s)
         assert op.forced_error(p, V, out) <= best * (1 + 1e-12)
+
+
+def _descend_reference(A, pw, G, members, work_cap):
+    """The 1-swap descent of ``kick_search._descend``, every pair valued as sqrt(max(n2, 0)) / w'
+    with NumPy (no screen): the list of sets it passes through."""
+    from forcedweight.core.kick_search import REL
+    N, s = pw.shape[0], members.shape[0]
+    members = members.copy()
+    path, work = [members.copy()], 0.0
+    while work < work_cap:
+        c = G[members].sum(axis=0)
+        ny2, w = c[members].sum(), pw[members].sum()
+        best = np.sqrt(max(ny2, 0.0)) / w * (1.0 - REL)
+        base = ny2 - 2.0 * c[members] + G[members, members]
+        wn = (w - pw[members])[:, None] + pw[None, :]
+        n2 = base[:, None] + 2.0 * (c[None, :] - G[members]) + np.diag(G)[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e = np.where(wn > 0, np.sqrt(np.maximum(n2, 0.0)) / wn, np.inf)
+        e[:, members] = np.inf
+        work += s * N
+        if not e.min() < best:
+            break
+        a, j = np.unravel_index(np.argmin(e), e.shape)  # the first minimum, as the scan in order
+        members[a] = j
+        path.append(members.copy())
+    return path, work
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_descent_takes_the_same_swaps_as_an_unscreened_reference(seed):
+    # _descend screens pairs by a squared comparison before valuing them; the swaps must be exactly
+    # those of valuing every pair (a zero-mass key included, which can never make w' = 0 here)
+    from forcedweight.core.kick_search import _descend
+    p, V = _row(400, 12, seed, sigma=0.7)
+    p[7] = 0.0
+    p /= p.sum()
+    A, pw, G = _arrays(p, V)
+    start = np.random.default_rng(seed).choice(400, 8, replace=False).astype(np.int64)
+    path, work_ref = _descend_reference(A, pw, G, start, 1e9)
+    assert len(path) > 2  # the start is no local minimum: several swaps are compared
+    members = start.copy()
+    in_set = np.zeros(400, np.bool_)
+    in_set[members] = True
+    work = _descend(A, pw, G, members, in_set, np.empty(400), 1e9)
+    assert np.array_equal(members, path[-1]) and work == work_ref
