@@ -37,9 +37,9 @@ def _reference(t, R, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
             acc += x
         return z, acc
 
-    err = gamma * bs[t] / ny
+    err = (gamma + 2.0 * _EPS) * bs[t] / ny
     g = np.full(N, np.nan)
-    g[R] = (cs[t, R] / ny - err * nrm[R]) - lam * pw[R]
+    g[R] = (cs[t, R] * (1.0 / ny) - err * nrm[R]) - lam * pw[R]
     z, acc = smallest(g)
     if ny - lam * ws[t] + acc >= 0.0:
         return False, (g[z], z)
@@ -72,8 +72,8 @@ def _reference(t, R, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref):
         if not nv > 0.0:
             break
         dot = vy - kap2 * bz * bs[t]
-        err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
-        g[R] = ((alpha * cs[t, R] + h[R]) / nv - err * nrm[R]) - lam * pw[R]
+        err = (gamma + 2.0 * (nz + 3) * _EPS) * bz / nv
+        g[R] = ((alpha * cs[t, R] + h[R]) * (1.0 / nv) - err * nrm[R]) - lam * pw[R]
         z, acc = smallest(g)
         if dot / nv - lam * ws[t] + acc >= 0.0:
             return False, (g[z], z)

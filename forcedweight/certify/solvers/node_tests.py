@@ -163,16 +163,16 @@ def _h_at(kk, G, zs, zc, nzl):
     return acc
 
 
-@njit(cache=True, error_model="numpy")
-def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, nv, err, c, lp, lam, hv,
+@njit(cache=True)
+def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, inv, err, c, lp, lam, hv,
                marking, buf, bidx):
     """One supergradient step's scan of ``_node_lb_ok``: the r smallest ``g`` over ``L[p0:ln]`` into
     ``buf``/``bidx`` (early-stopped as the test's first scan), filling the step sums ``h`` of the positions
     read for the first time (from ``hv`` on) and, when ``marking``, the reduced costs ``xs``. Returns
     ``(hv, iend, xmax)``: how far ``h`` is filled, the end of the positions read, their largest ``g``
     (marking scans). Two loops, the positions already filled and then the new ones, so that the first (most
-    of a scan) holds few values and keeps them in registers. ``nv > 0`` (the caller checks), so the
-    division needs no zero check (``error_model="numpy"``). The loops' shared body is written out twice on
+    of a scan) holds few values and keeps them in registers. ``inv = 1 / ||v||`` (the caller checks ``||v|| > 0``;
+    a product, not a division a key, with 2 eps more in ``err``). The loops' shared body is written out twice on
     purpose: as a Numba ``inline="always"`` helper it made the search 5-6x slower (row 49 from its optimum:
     72-81 s against 12.3-12.8 s; BENCHMARKS.md, issue 15)."""
     n = 0
@@ -185,7 +185,7 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, a
         uk = uint64(kk)
         if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
             return hv, i, xmax
-        x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+        x = ((alpha * cst[ui] + h[ui]) * inv - err * nrm[uk]) - lam * pw[uk]
         if marking:
             xs[ui] = x
             xmax = max(xmax, x)
@@ -202,7 +202,7 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, a
         h[ui] = _h_at(kk, G, zs, zc, nz)
         mk[ui] = 0.0
         hv = i + 1
-        x = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+        x = ((alpha * cst[ui] + h[ui]) * inv - err * nrm[uk]) - lam * pw[uk]
         if marking:
             xs[ui] = x
             xmax = max(xmax, x)
@@ -267,7 +267,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     ny = np.sqrt(ny2)
     if not ny > 0.0:
         return True
-    err = gamma * bs[t] / ny
+    err = (gamma + 2.0 * _EPS) * bs[t] / ny  # (+ 2 eps: the product by 1 / ny rounds twice)
+    inv = 1.0 / ny
     c = 1.0 + 2.0 * err + SAFE
     lp = lam * (1.0 + SAFE)
     # The scans index with unsigned integers (no negative-index wrap: fewer instructions a key)
@@ -285,7 +286,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         uk = uint64(kk)
         if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
             break
-        x = (cst[ui] / ny - err * nrm[uk]) - lam * pw[uk]
+        x = (cst[ui] * inv - err * nrm[uk]) - lam * pw[uk]
         if n < r or x < worst:
             n = _insert(x, i, n, r, buf, bidx)
             if n == r:
@@ -303,7 +304,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
     # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
     # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
-    # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||.
+    # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||, and its
+    # product by inv = fl(1 / nv) by 2 eps more of bz ||a_kk|| / nv (hence nz + 3 in err).
     # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
     # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
     alpha = 1.0 / ny
@@ -398,14 +400,15 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         if not nv > 0.0:
             return True  # (no direction left for _exclude)
         dot = vy - kap2 * bz * bs[t]
-        err = (gamma + 2.0 * (nz + 2) * _EPS) * bz / nv
+        err = (gamma + 2.0 * (nz + 3) * _EPS) * bz / nv
+        inv = 1.0 / nv
         c = 1.0 + 2.0 * err + SAFE
         # the scans of the last half of the steps mark the keys they exclude, for _exclude (dall4096 rows 23
         # and 49 from their optima, one thread: the last half 2.38-2.42 s and 13.7-13.9 s, every scan
         # 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3;
         # BENCHMARKS.md, issue 15)
         marking = r >= 2 and step >= nref // 2
-        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, nv,
+        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, inv,
                                     err, c, lp, lam, hv, marking, buf, bidx)
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
@@ -462,6 +465,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
     err = dirn[4]
     hv = int(dirn[5])
     base = dirn[3] / nv - lam * ws[t]
+    inv = 1.0 / nv
     for i in range(r - 1):
         base += buf[i]
     c = 1.0 + 2.0 * err + SAFE
@@ -485,7 +489,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
             cst[j] = cst[ui]
             j += 1
             continue
-        g = ((alpha * cst[ui] + h[ui]) / nv - err * nrm[uk]) - lam * pw[uk]
+        g = ((alpha * cst[ui] + h[ui]) * inv - err * nrm[uk]) - lam * pw[uk]
         if mk[ui] == 0.0 and (base + g < 0.0 or _among(i, bidx, r - 1)):
             L[j] = kk
             cst[j] = cst[ui]
