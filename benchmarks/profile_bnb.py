@@ -12,7 +12,7 @@ machine code can be read back: every function of ``bnb._search``'s library is co
 samples are mapped onto it, and the hottest function's samples are grouped into spans of nearby
 addresses, each printed with its share and its most-sampled instructions (``objdump`` of the copied
 code). Reading a span's instructions against ``node_tests.py`` tells which loop it is (the step scans
-divide by ``nv``; the step sums are ``vmulpd``/``vaddpd`` on ``ymm`` registers). Shares, not seconds:
+multiply by ``inv = 1 / ||v||``; the step sums are ``vmulpd``/``vaddpd`` on ``ymm`` registers). Shares, not seconds:
 the profile does not time anything against a baseline.
 """
 

@@ -14,7 +14,8 @@ restarts find them (BENCHMARKS.md, issue 15).
 With ``a_i = p_i (v_i - mu)``, ``y = sum_S a_i``, ``w = p(S)`` and ``c_j = <y, a_j>`` (from the
 Gram matrix ``G``), swapping kept ``i`` for ``j`` gives
 ``||y'||^2 = ||y||^2 - 2 c_i + G_ii + 2 (c_j - G_ij) + G_jj`` and ``w' = w - p_i + p_j``: one
-O(1) update per pair, O(s N) per scan. The Gram values only steer the search: the set returned
+O(1) update per pair, O(s N) per scan (a pair is valued only when ``n2 < (E w')^2``, a screen with
+no square root or division, so the scan vectorises). The Gram values only steer the search: the set returned
 is valued directly (``||sum_S a_i|| / p(S)`` in float64) and is kept only when that is lower
 than the start's.
 """
@@ -26,7 +27,8 @@ from numba import njit
 
 from forcedweight.core.operator import rank_order
 
-KICK_WORK = 5e7  # default budget in pair evaluations (~0.25 s at N = 1024, s = 8, one core; BENCHMARKS.md, issue 15)
+KICK_WORK = 5e7  # default budget in pair evaluations (~0.05 s at N ~ 1,000 and 0.06 s at N ~ 4,000, s = 8, one core;
+# 0.19 s at N ~ 4,000 before the descents' squared screen; BENCHMARKS.md, issue 15)
 KICK_AFTER = 5000  # the branch and bound runs the kicks only when not done after this many nodes
 RESTART_AFTER = 20_000  # ... and the random restarts after this many (N ~ 4,096: rows proved in ~7,000 nodes
 # paid ~0.3 s for restarts at 5,000 that never helped them; BENCHMARKS.md, issue 15)
