@@ -72,6 +72,14 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _legend(axes, **kwargs) -> None:
+    """A legend on the first of ``axes`` with labelled lines (none, and no warning, when no panel has data)."""
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(**kwargs)
+            return
+
+
 def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
     """error_vs_ratio (three methods, one panel per proposal), error_vs_tau, bias_variance_vs_tau,
     effective_compression; PNG and PDF each."""
@@ -100,7 +108,7 @@ def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
         ax.set_xlabel("compression ratio r")
         ax.set_yscale("log")
     axes[0][0].set_ylabel("mean ||o_evicted − o_dense||")
-    axes[0][0].legend(fontsize=7)
+    _legend(axes[0], fontsize=7)
     paths += _save(fig, out, "error_vs_ratio")
     plt.close(fig)
 
@@ -122,7 +130,7 @@ def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
         ax.set_xlabel("τ")
         ax.set_yscale("log")
     axes[0][0].set_ylabel("mean error, corrected")
-    axes[0][0].legend(fontsize=6, ncol=2)
+    _legend(axes[0], fontsize=6, ncol=2)
     paths += _save(fig, out, "error_vs_tau")
     plt.close(fig)
 
@@ -144,7 +152,7 @@ def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
         ax.set_xlabel("τ")
         ax.set_yscale("log")
     axes[0][0].set_ylabel("mean over ratios")
-    axes[0][0].legend(fontsize=7)
+    _legend(axes[0], fontsize=7)
     paths += _save(fig, out, "bias_variance_vs_tau")
     plt.close(fig)
 
