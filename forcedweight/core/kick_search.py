@@ -58,14 +58,23 @@ def _value(A, pw, members):
 
 
 @njit(cache=True)
-def _descend(A, pw, G, members, in_set, c, max_work):
-    """Best-improvement 1-swaps on ``members`` (in place) until none improves; returns the work."""
-    N = pw.shape[0]
-    s = members.shape[0]
-    work = 0.0
+def _diagonal(G):
+    """(N,) the diagonal of the (N, N) Gram matrix ``G``, contiguous."""
+    N = G.shape[0]
     gd = np.empty(N)
     for j in range(N):
         gd[j] = G[j, j]
+    return gd
+
+
+@njit(cache=True)
+def _descend(A, pw, G, gd, members, in_set, c, max_work):
+    """Best-improvement 1-swaps on ``members`` (in place) until none improves; returns the work.
+    ``gd`` (N,) is the Gram diagonal (``_diagonal(G)``, read once per search rather than with a stride of
+    N + 1 a scan)."""
+    N = pw.shape[0]
+    s = members.shape[0]
+    work = 0.0
     while work < max_work:
         # c_j = <y, a_j> from the members' Gram rows (recomputed: no drift)
         ny2 = 0.0
@@ -136,6 +145,7 @@ def kick_search(A, pw, G, start, work, kick, seed):
     cur = best.copy()
     in_set = np.zeros(N, np.bool_)
     c = np.empty(N)
+    gd = _diagonal(G)
     spent = 0.0
     kick = max(1, min(kick, s))
     first = True
@@ -155,7 +165,7 @@ def kick_search(A, pw, G, start, work, kick, seed):
                 in_set[j] = True
                 cur[a] = j
         first = False
-        spent += _descend(A, pw, G, cur, in_set, c, work - spent) + N
+        spent += _descend(A, pw, G, gd, cur, in_set, c, work - spent) + N
         e = _value(A, pw, cur)
         if e < e_best:
             e_best = e
@@ -203,6 +213,7 @@ def _multistart(A, pw, G, s, work, seed, keys, W):
     np.random.seed(seed)
     in_set = np.zeros(N, np.bool_)
     c = np.empty(N)
+    gd = _diagonal(G)
     best = np.zeros(s, np.int64)
     e_best = np.inf
     cur = np.zeros(s, np.int64)
@@ -219,7 +230,7 @@ def _multistart(A, pw, G, s, work, seed, keys, W):
                 in_set[j] = True
                 cur[a] = j
                 a += 1
-        spent += _descend(A, pw, G, cur, in_set, c, max(work - spent, 1.0)) + N
+        spent += _descend(A, pw, G, gd, cur, in_set, c, max(work - spent, 1.0)) + N
         e = _value(A, pw, cur)
         if first or e < e_best:
             e_best = e

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from forcedweight.core import operator as op
-from forcedweight.core.kick_search import kick_search
+from forcedweight.core.kick_search import REL, _descend, _diagonal, kick_search
 from forcedweight.core.swaps import swap_search
 
 
@@ -111,7 +111,6 @@ def test_windowed_starts_lie_in_a_mass_window_and_reach_small_optima():
 def _descend_reference(A, pw, G, members, work_cap):
     """The 1-swap descent of ``kick_search._descend``, every pair valued as sqrt(max(n2, 0)) / w'
     with NumPy (no screen): the list of sets it passes through."""
-    from forcedweight.core.kick_search import REL
     N, s = pw.shape[0], members.shape[0]
     members = members.copy()
     path, work = [members.copy()], 0.0
@@ -138,7 +137,6 @@ def _descend_reference(A, pw, G, members, work_cap):
 def test_descent_takes_the_same_swaps_as_an_unscreened_reference(seed):
     # _descend screens pairs by a squared comparison before valuing them; the swaps must be exactly
     # those of valuing every pair (a zero-mass key included, which can never make w' = 0 here)
-    from forcedweight.core.kick_search import _descend
     p, V = _row(400, 12, seed, sigma=0.7)
     p[7] = 0.0
     p /= p.sum()
@@ -149,5 +147,5 @@ def test_descent_takes_the_same_swaps_as_an_unscreened_reference(seed):
     members = start.copy()
     in_set = np.zeros(400, np.bool_)
     in_set[members] = True
-    work = _descend(A, pw, G, members, in_set, np.empty(400), 1e9)
+    work = _descend(A, pw, G, _diagonal(G), members, in_set, np.empty(400), 1e9)
     assert np.array_equal(members, path[-1]) and work == work_ref
