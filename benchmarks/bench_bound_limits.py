@@ -5,7 +5,7 @@
 
 For each row (``row_id``s of a ``forcedweight dump``): a search of ``--node-limit`` nodes from the pool
 optimum (deterministic; the bound phase off), whose open frontier holds every first-level node ``{k}`` from
-``k_open`` (its level-0 count) on. Then, over those nodes (keys in the search order, ``bnb.search_order``):
+``k_open`` (its level-0 count) on. Then, over those nodes (keys in the search order, ``search_row.search_order``):
 
 - ``kz``: the first node, from the last key down, that the first-level pass of the bound
   (``frontier._first_level_vals``: the node tests and the quick relaxation) leaves at 0;
@@ -38,6 +38,7 @@ from forcedweight.certify.solvers import bnb
 from forcedweight.certify.solvers.bounds import RELAX_ITERS, _bound_along, _project_capped, relax_bound
 from forcedweight.certify.solvers.frontier import _first_level_vals
 from forcedweight.certify.solvers.lp_bound import tail_bound
+from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.certify.warmup import warm_up
 from forcedweight.core import operator as op
 from forcedweight.rows import rows_by_id
@@ -150,7 +151,7 @@ def main():
                             tail_lps=0, relax_iters=0)
         value = float(res.value)
         A_keys = op.centred_contributions(*op.as_row(p, V, s))
-        A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A_keys, p, bnb.search_order(A_keys, p), s)
+        A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A_keys, p, s)[:10]
         N = A.shape[0]
         k_open = int(res.info["level_nodes"][0])
         vals = np.full(N, np.inf)

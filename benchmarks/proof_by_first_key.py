@@ -4,7 +4,7 @@
         [--bins 0,50,200,500,1000,2000,3000]
 
 The search of ``solve_bnb`` is independent across its first-level subtrees ``T = {k}`` (k a key's rank in
-the search order, ``bnb.search_order``: contribution norms descending), which is how its threads share it
+the search order, ``search_row.search_order``: contribution norms descending), which is how its threads share it
 (``solvers.subtrees``). This script runs them one after another on one thread, in that order, each to its
 end, from ``--incumbent`` (a saved best set, e.g. the optimum, so the run is the proof alone) or from the
 top-mass set (the incumbent then improves as the subtrees find better sets; no polish, kicks or restarts),
@@ -33,6 +33,7 @@ def main(argv=None) -> None:
 
     from forcedweight.certify.solvers import bnb
     from forcedweight.certify.solvers.node_tests import search_steps
+    from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.subtrees import SearchState
     from forcedweight.core import operator as op
     from forcedweight.rows import rows_by_id
@@ -44,10 +45,9 @@ def main(argv=None) -> None:
     p, V = op.as_row(r.p, r.V, s)
     N = p.shape[0]
     A_keys = op.centred_contributions(p, V)
-    order = bnb.search_order(A_keys, p)
-    rank = np.empty(N, dtype=np.int64)
-    rank[order] = np.arange(N)
-    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = bnb._prepared(A_keys, p, order, s)
+    row = prepare(A_keys, p, s)
+    order, rank = row.order, row.rank
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = row[:10]
     start = op.top_mass_set(p, s) if args.incumbent is None else op.as_index(np.load(args.incumbent), N)
     bestset = np.sort(rank[start])
     best = np.array([bnb._set_error(A, pw, bestset)])

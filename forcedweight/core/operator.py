@@ -163,7 +163,7 @@ def rank_order(score: np.ndarray) -> np.ndarray:
 
     Every "keep the top s" in the package (top-mass, selectors, pools, the restarts' mass windows,
     deploy policies) ranks with this order, so equal scores always resolve the same way (the branch
-    and bound's key order, ``bnb.search_order``, ranks by norm and breaks its ties by mass, then index).
+    and bound's key order, ``search_row.search_order``, ranks by norm and breaks its ties by mass, then index).
     """
     score = np.asarray(score, dtype=np.float64)
     return np.lexsort((np.arange(score.shape[0]), -score))

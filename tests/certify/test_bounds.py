@@ -15,6 +15,7 @@ from forcedweight.certify.enumerate import brute_force_best, enumerate_best
 from forcedweight.certify.pool import bnb_in_pool, candidate_pool, pool_optimum
 from forcedweight.certify.record import proof_gap
 from forcedweight.certify.solvers.bnb import root_bound, solve_bnb
+from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.certify.warmup import warm_up
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError
@@ -249,14 +250,14 @@ def test_refined_node_bound_is_below_the_brute_force_node_minimum(seed, n, d, pe
     budget the refinement reaches the leaves and equals it (relative 1e-9; rounding margins only)."""
     import itertools
 
-    from forcedweight.certify.solvers import bnb, frontier
+    from forcedweight.certify.solvers import frontier
 
     p, V = _pv(seed, n, d, peak)
     s = data.draw(st.integers(1, n - 1))
     t = data.draw(st.integers(0, s - 1))
     k = data.draw(st.integers(t, n - (s - t)))
     A0 = op.centred_contributions(p, V)
-    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, bnb.search_order(A0, p), s)
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s)[:10]
     T = list(range(t))
     exact = np.inf
     for rest in itertools.combinations(range(k, n), s - t):
@@ -288,7 +289,7 @@ def test_refinement_stops_early_only_when_its_bound_would_stay_zero(monkeypatch)
         p, V = _pv(seed, 60, 2, [0.3, 1.0, 2.0, 3.0][seed % 4])
         s = 4
         A0 = op.centred_contributions(p, V)
-        A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, bnb.search_order(A0, p), s)
+        A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s)[:10]
         top = bnb._set_error(A0, p, op.top_mass_set(p, s))
         for budget in (3e4, 3e5):
             args = (A, pw, wtop, nrm, G, lo, hi, use_box, s, 0, top, gamma, 30, 0, budget)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from forcedweight.certify.enumerate import brute_force_best
-from forcedweight.certify.solvers import bnb
 from forcedweight.certify.solvers.bnb import REL_TOL, solve_bnb
 from forcedweight.certify.solvers.node_tests import (DECAY, NREF, ROW_SLOTS, THETA, _exclude, _node_lb_ok,
                                                      node_scratch)
+from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.core import operator as op
 
 
@@ -49,8 +49,8 @@ def _check_exclusion(seed):
     n, d, s = 22, int(rng.integers(2, 6)), int(rng.integers(4, 7))
     p, V = _row(seed, n, d, rng.choice([0.3, 1.0, 2.5]), distinct=(None if seed % 2 else 6))
     A0 = op.centred_contributions(p, V)
-    order = bnb.search_order(A0, p) if seed % 4 < 2 else op.rank_order(p)  # the tests are order-free
-    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = bnb._prepared(A0, p, order, s)
+    order = None if seed % 4 < 2 else op.rank_order(p)  # the search order or mass order: the tests are order-free
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s, order)[:10]
     mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, NREF)
     dropped = checked = by_marks = 0
     for trial in range(40):

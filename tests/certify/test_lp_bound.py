@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from forcedweight.certify.enumerate import brute_force_best
-from forcedweight.certify.solvers.bnb import _prepared, solve_bnb
+from forcedweight.certify.solvers.bnb import solve_bnb
+from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.certify.solvers.lp_bound import node_bound, tail_bound
 from forcedweight.core import operator as op
 
@@ -19,7 +20,7 @@ def _search_arrays(seed, n, d, peak):
     V = rng.normal(size=(n, d))
     A0 = op.centred_contributions(p, V)
     order = op.rank_order(p)
-    A, pw, nrm, *_ = _prepared(A0, p, order, 3)
+    A, pw, nrm, *_ = prepare(A0, p, 3, order)
     return p, V, A, pw, nrm
 
 

@@ -10,9 +10,9 @@ r smallest (values and keys) of the last scan, on range nodes and on thinned can
 import numpy as np
 import pytest
 
-from forcedweight.certify.solvers import bnb
 from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, mass_tops,
                                                      node_scratch, suffix_max)
+from forcedweight.certify.solvers.search_row import prepare, search_order
 from forcedweight.core import operator as op
 
 
@@ -95,8 +95,8 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     p /= p.sum()
     V = rng.normal(size=(N, d))
     A0 = op.centred_contributions(p, V)
-    order = bnb.search_order(A0, p) if order_by == "search" else op.rank_order(p)  # the scans are order-free
-    A, pw, nrm, G, lo, hi, _, _, gamma, wtop = bnb._prepared(A0, p, order, s)
+    order = None if order_by == "search" else op.rank_order(p)  # the search order or mass order: the scans are order-free
+    A, pw, nrm, G, lo, hi, _, _, gamma, wtop = prepare(A0, p, s, order)[:10]
     mx = suffix_max(nrm)
     *_, gc, gk = node_scratch(nrm, s, NREF)  # the search's scratch layout, reused (stale) between trials
     gc[:] = np.nan
@@ -164,4 +164,45 @@ def test_mass_tops_against_sorting(seed):
 def test_search_order_is_by_norm_then_mass_then_index():
     A = np.array([[1.0, 0.0], [0.0, 2.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
     p = np.array([0.1, 0.2, 0.3, 0.1, 0.3])
-    assert bnb.search_order(A, p).tolist() == [1, 2, 0, 3, 4]
+    assert search_order(A, p).tolist() == [1, 2, 0, 3, 4]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_row_is_the_row_in_search_order(seed):
+    """``prepare`` puts key ``order[i]`` at position i (``rank`` its inverse), rotates without changing
+    norms or inner products, and its box tables are the sums of the r smallest / largest coordinates
+    from each position on; ``search_arrays`` are ``_search``'s row arguments in their order."""
+    import inspect
+
+    from forcedweight.certify.solvers.bnb import _search
+
+    rng = np.random.default_rng(seed)
+    N, d, s = int(rng.integers(2, 25)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    s = min(s, N)
+    p = rng.dirichlet(np.ones(N))
+    A_keys = op.centred_contributions(p, rng.normal(size=(N, d)))
+    order = None if seed % 2 else rng.permutation(N)
+    row = prepare(A_keys, p, s, order)
+    want = search_order(A_keys, p) if order is None else order
+    np.testing.assert_array_equal(row.order, want)
+    np.testing.assert_array_equal(row.rank[row.order], np.arange(N))
+    np.testing.assert_array_equal(row.pw, p[want])
+    B = A_keys[want]
+    scale = float(np.abs(B).max()) ** 2 * d
+    # a rotation in float64: inner products agree to a few ulps of the largest (tolerance 1e-13 of it)
+    np.testing.assert_allclose(row.G, B @ B.T, rtol=0.0, atol=1e-13 * scale)
+    np.testing.assert_allclose(row.nrm ** 2, np.einsum("ij,ij->i", B, B), rtol=0.0, atol=1e-13 * scale)
+    assert row.use_box and row.lo.shape == (N + 1, s + 1, d)
+    for j in range(N + 1):
+        for q in range(d):
+            col = np.sort(row.A[j:, q])
+            for r in range(s + 1):
+                # sums of at most 6 terms, accumulated in another order: 1e-14 of the column's scale
+                tol = 1e-14 * (float(np.abs(row.A[:, q]).max()) + 1e-300) * (r + 1)
+                assert abs(row.lo[j, r, q] - col[:r].sum()) <= tol
+                assert abs(row.hi[j, r, q] - col[::-1][:r].sum()) <= tol
+    np.testing.assert_array_equal(row.wtop, mass_tops(row.pw, s))
+    names = list(inspect.signature(_search.py_func).parameters)[:8]
+    assert names == ["A", "pw", "wtop", "nrm", "G", "lo", "hi", "use_box"]
+    assert all(x is y for x, y in zip(row.search_arrays, (row.A, row.pw, row.wtop, row.nrm, row.G, row.lo, row.hi,
+                                                           row.use_box)))

@@ -58,7 +58,8 @@ def test_split_parts_partition_the_search(seed, share):
     stopped ``share`` of the way through and split (``SearchState.split``), with both parts run to their
     ends, visits exactly the nodes of the unsplit subtree, level by level; the part handed off starts at a
     later sibling of a path node."""
-    from forcedweight.certify.solvers.bnb import _prepared, _search, search_order
+    from forcedweight.certify.solvers.bnb import _search
+    from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
@@ -67,7 +68,7 @@ def test_split_parts_partition_the_search(seed, share):
     ref = solve_bnb(p, V, s, kick_work=0, polish=False)
     assert ref.proved
     A_keys = op.centred_contributions(p, V)
-    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, search_order(A_keys, p), s)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = prepare(A_keys, p, s)[:10]
     prep = (A, pw, wtop, nrm, G, lo, hi, use_box, kappa, gamma)
     below = ref.value * (1 - 1e-7)
 
@@ -136,14 +137,15 @@ def test_node_limit_ignores_threads():
 def test_threads_stop_at_the_deadline(monkeypatch):
     """A deadline already past: each thread runs one batch (FIRST_BATCH nodes) and stops, inside its
     part, and the search is reported open with a frontier to bound."""
-    from forcedweight.certify.solvers.bnb import _prepared, _search, search_order
+    from forcedweight.certify.solvers.bnb import _search
+    from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
     monkeypatch.setattr(subtrees, "FIRST_BATCH", 50)
     p, V = _pv(100, 120, 6, 0.4)
     A_keys = op.centred_contributions(p, V)
-    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, search_order(A_keys, p), 5)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = prepare(A_keys, p, 5)[:10]
     serial = subtrees.SearchState(120, 5, A.shape[1])
     best = np.array([np.inf])
     bestset = np.arange(5)
@@ -160,7 +162,8 @@ def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
     at hand, and the optimum it returns (brute force) becomes the incumbent, so the search proves it; a job
     due only after more nodes than the search needs never runs (and the search then visits more nodes); the
     proof equals brute force either way."""
-    from forcedweight.certify.solvers.bnb import _prepared, _search, _set_error, search_order
+    from forcedweight.certify.solvers.bnb import _search, _set_error
+    from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
@@ -169,11 +172,9 @@ def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
     p, V = _pv(12, n, 4, 0.4)
     opt, opt_set = brute_force_best(p, V, s)
     A_keys = op.centred_contributions(p, V)
-    order = search_order(A_keys, p)
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, order, s)
-    answer = np.sort(rank[np.asarray(opt_set)])  # the optimum in the search's order
+    row = prepare(A_keys, p, s)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = row[:10]
+    answer = np.sort(row.rank[np.asarray(opt_set)])  # the optimum in the search's order
     calls = []
 
     def job(start, value):
@@ -229,7 +230,8 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
     import threading
     import time
 
-    from forcedweight.certify.solvers.bnb import _prepared, _search, _set_error, search_order
+    from forcedweight.certify.solvers.bnb import _search, _set_error
+    from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
     from forcedweight.core import operator as op
 
@@ -238,7 +240,7 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
     p, V = _pv(13, n, 4, 0.4)
     opt, _ = brute_force_best(p, V, s)
     A_keys = op.centred_contributions(p, V)
-    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, search_order(A_keys, p), s)
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = prepare(A_keys, p, s)[:10]
     batches = []  # (thread, end time) of every search batch
     job_ran = {}
 

@@ -63,9 +63,10 @@ from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
 from forcedweight.certify.solvers import node_tests
-from forcedweight.certify.solvers.node_tests import (_EPS, SAFE, _box_tables, _exclude, _node_lb_ok, mass_tops,
+from forcedweight.certify.solvers.node_tests import (SAFE, _exclude, _node_lb_ok,
                                                      node_scratch, search_steps)
 from forcedweight.certify.solvers.result import SolverResult
+from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
@@ -74,7 +75,6 @@ POLISH_ROUNDS = 50  # most best-improvement 1-swaps on the incumbent
 BOUND_ITERS = 12  # bisection steps of an open node's bound (relative precision 2**-12 of its cap; 30 before:
 # with the bound's deadline, 12 steps bound more nodes in the time: on 19 open rows, N ~ 900-4,100, the
 # row's bound rose on 6 and fell on none; BENCHMARKS.md, issue 15)
-_BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 BOUND_SHARE = 0.2  # a search stopped by its time limit spends at most this share of it more on its bound
 BOUND_MIN = 2.0  # ... but never less than this many seconds (at the main job's 2 s limit a share of 0.4 s left
 # 5 of 18 open rows of N ~ 120-220 at bound 0, against 0 of 15 with no deadline; BENCHMARKS.md, issue 15)
@@ -248,10 +248,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         S = np.arange(N, dtype=np.int64)
         v = _set_error(A_keys, p, S) if external else 0.0
         return SolverResult(v, S, v, True, "bnb", time.perf_counter() - t0, 0.0, {"nodes": 0})
-    order = search_order(A_keys, p)
-    rank = np.empty(N, dtype=np.int64)
-    rank[order] = np.arange(N)
-    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = _prepared(A_keys, p, order, s)
+    row = prepare(A_keys, p, s)
+    order, rank = row.order, row.rank
+    A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = row[:10]
     inc = np.sort(rank[start])
     e_start = _set_error(A, pw, inc)
     # (the 1-swap search values sets by complements, exact only for a whole row's contributions)
@@ -306,7 +305,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             # the later first-level subtrees go to several threads, and the incumbent phases left run on one
             # of them beside the search
             jobs = [(after, functools.partial(phase, restarts, seed)) for after, restarts, seed in phases]
-            done, counts, frontier = search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, rel_tol,
+            done, counts, frontier = search_subtrees(_search, row.search_arrays, s, rel_tol,
                                                      kappa, gamma, search, best, bestset, (nref, theta, decay),
                                                      exclude, deadline, threads, jobs)
             if frontier is not None:
@@ -381,38 +380,6 @@ def _incumbent_phase(A, pw, G, s, work, restarts, seed, start_set, best_value):
     return kicked, e_kick, bool(e_kick < best_value), restart_gain
 
 
-def search_order(A_keys, p) -> np.ndarray:
-    """(N,) int64: the keys by contribution norm ``||a_i||`` (A_keys (N, d)), descending; ties by
-    mass ``p`` (N,), descending, then by the lower index. The branch and bound's key order."""
-    nrm = np.sqrt(np.einsum("ij,ij->i", A_keys, A_keys))
-    return np.lexsort((np.arange(p.shape[0]), -p, -nrm)).astype(np.int64)
-
-
-def _prepared(A_keys, p, order, s):
-    """The search's arrays in ``order``: contributions in principal axes, masses, norms, Gram, box,
-    and the suffix mass tops (``node_tests.mass_tops``)."""
-    N = p.shape[0]
-    A0 = A_keys[order]
-    # principal axes: a fixed rotation (norms unchanged) that tightens the box bound
-    _, Q = np.linalg.eigh(A0.T @ A0)
-    A = np.ascontiguousarray(A0 @ Q[:, ::-1])
-    d = A.shape[1]
-    pw = np.ascontiguousarray(p[order])
-    nrm = np.sqrt(np.einsum("ij,ij->i", A, A))
-    G = A @ A.T
-    kappa = 2.0 * (d + 2 * s + 4) * _EPS  # rounding margin of Gram-based squared norms
-    gamma = 2.0 * (d + s + 4) * _EPS  # rounding margin of Gram-based inner products
-    use_box = (N + 1) * (s + 1) * d <= _BOX_MAX
-    shape = (N + 1, s + 1, d) if use_box else (1, 1, 1)
-    lo = np.zeros(shape)
-    hi = np.zeros(shape)
-    if use_box:
-        _box_tables(A, s, lo, hi)
-        lo[N] = 0.0
-        hi[N] = 0.0
-    return A, pw, nrm, G, lo, hi, use_box, kappa, gamma, mass_tops(pw, s)
-
-
 def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work: float = REFINE_WORK) -> float:
     """The proved bound of the search before any node: min over the first-level nodes ``{k}``.
 
@@ -421,12 +388,12 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
     """
     p = np.asarray(p, dtype=np.float64)
     A_keys = op.centred_contributions(*op.as_row(p, V, s)) if A is None else np.asarray(A, dtype=np.float64)
-    A_, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = _prepared(A_keys, p, search_order(A_keys, p), s)
+    row = prepare(A_keys, p, s)
     top = op.top_mass_set(p, s)
     e_top = _set_error(A_keys, p, top)
     if s == p.shape[0]:
         return e_top
-    return float(first_level_bound(A_, pw, wtop, nrm, G, lo, hi, use_box, s, 0, e_top, gamma, BOUND_ITERS,
+    return float(first_level_bound(*row.search_arrays, s, 0, e_top, row.gamma, BOUND_ITERS,
                                    int(relax_iters), float(refine_work), np.zeros(len(REFINE_STATS), dtype=np.int64),
                                    refine_relax_iters(p.shape[0], int(relax_iters))))
 

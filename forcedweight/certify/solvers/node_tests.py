@@ -2,7 +2,7 @@
 and the key exclusion they allow.
 
 A node is a partial set ``T`` (``y_T = sum_T a_i``, ``w_T = p(T)``; level ``t = |T|``) plus its
-candidate keys ``R = L[p0:ln]`` (increasing indices: the search's order, ``bnb.search_order``), from
+candidate keys ``R = L[p0:ln]`` (increasing indices: the search's order, ``search_row.search_order``), from
 which ``r = s - t`` keys remain to be chosen. ``_node_lb_ok(lam)`` is False when no completion ``S`` can
 have ``E(S) = ||y_S|| / w_S < lam`` (the tests are described in ``bnb``'s docstring);
 ``_node_value`` turns it into a proved lower bound by bisection on ``lam``; ``_step_scan`` is one
