@@ -140,22 +140,28 @@ def attention_configs(model) -> list:
 
 
 @contextlib.contextmanager
-def attention_implementation(model, name: str | None):
+def attention_implementation(model, name: str | None, state: tuple | None = None):
     """Run ``model`` with its attention implementation set to ``name`` (registered with
     ``AttentionInterface``) in every :func:`attention_configs` entry, then restore each; ``None``
-    leaves it as it is."""
-    if name is None:
-        yield
-        return
-    configs = attention_configs(model)
-    previous = [c._attn_implementation for c in configs]
-    for c in configs:
-        c._attn_implementation = name
+    leaves it as it is. ``state``: optional ``(ContextVar, value)``, the registered function's state
+    for the run, set first and reset afterwards."""
+    token = None if state is None else state[0].set(state[1])
     try:
-        yield
+        if name is None:
+            yield
+            return
+        configs = attention_configs(model)
+        previous = [c._attn_implementation for c in configs]
+        for c in configs:
+            c._attn_implementation = name
+        try:
+            yield
+        finally:
+            for c, p in zip(configs, previous):
+                c._attn_implementation = p
     finally:
-        for c, p in zip(configs, previous):
-            c._attn_implementation = p
+        if token is not None:
+            state[0].reset(token)
 
 
 __all__ = ["ALL_ATTENTION_FUNCTIONS", "ALL_MASK_ATTENTION_FUNCTIONS", "CACHE_KWARG", "CacheLayerBase",

@@ -1,4 +1,4 @@
-"""compat.attention_implementation: every config a forward reads is switched, and restored on error."""
+"""compat.attention_implementation: every config a forward reads is switched and restored, as is its state."""
 
 from types import SimpleNamespace
 
@@ -35,3 +35,20 @@ def test_a_plain_model_has_one_config_and_none_leaves_it():
     with attention_implementation(model, "mine"):
         assert model.config._attn_implementation == "mine"
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_state_is_set_for_the_run_and_reset_even_on_error():
+    import contextvars
+
+    var = contextvars.ContextVar("forcedweight_test_state", default="outside")
+    model = SimpleNamespace(config=_Config("sdpa"))
+    with attention_implementation(model, "mine", (var, "inside")):
+        assert (var.get(), model.config._attn_implementation) == ("inside", "mine")
+        with attention_implementation(model, None, (var, None)):  # nested, no switch: the state alone
+            assert var.get() is None and model.config._attn_implementation == "mine"
+        assert var.get() == "inside"
+    assert (var.get(), model.config._attn_implementation) == ("outside", "sdpa")
+    with pytest.raises(RuntimeError):
+        with attention_implementation(model, "mine", (var, "inside")):
+            raise RuntimeError("inside")
+    assert (var.get(), model.config._attn_implementation) == ("outside", "sdpa")

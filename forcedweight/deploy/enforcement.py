@@ -65,12 +65,8 @@ AttentionInterface.register(ATTENTION_NAME, masked_attention_forward)
 @contextlib.contextmanager
 def masked_attention(model, keep: list | None):
     """Run ``model`` with :func:`masked_attention_forward` and ``keep`` (per layer (H_kv, N) bool)."""
-    token = _KEEP.set(keep)
-    try:
-        with attention_implementation(model, ATTENTION_NAME):
-            yield
-    finally:
-        _KEEP.reset(token)
+    with attention_implementation(model, ATTENTION_NAME, (_KEEP, keep)):
+        yield
 
 
 def keep_masks(keep: list[list[np.ndarray]], n: int) -> list[torch.Tensor]:

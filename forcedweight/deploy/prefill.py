@@ -89,12 +89,8 @@ AttentionInterface.register(ATTENTION_NAME, prefill_attention)
 @contextlib.contextmanager
 def capturing_attention(model, callback: Callback):
     """Run ``model`` with :func:`prefill_attention` and ``callback`` active, then restore its attention."""
-    token = _ACTIVE.set(callback)
-    try:
-        with attention_implementation(model, ATTENTION_NAME):
-            yield
-    finally:
-        _ACTIVE.reset(token)
+    with attention_implementation(model, ATTENTION_NAME, (_ACTIVE, callback)):
+        yield
 
 
 def copy_dense_cache(cache: DynamicCache, model=None) -> DynamicCache:

@@ -316,12 +316,8 @@ def capturing(model, recorder: Recorder):
     if wrapped == "sdpa" and sdpa_drops_features(model.config):
         wrapped = "eager"  # transformers < 5.3 default Gemma 2 to SDPA, which drops its soft-cap
     recorder.wrapped = wrapped
-    token = _ACTIVE.set(recorder)
-    try:
-        with attention_implementation(model, capture_name(wrapped)):
-            yield
-    finally:
-        _ACTIVE.reset(token)
+    with attention_implementation(model, capture_name(wrapped), (_ACTIVE, recorder)):
+        yield
 
 
 def run_capture(model, input_ids: torch.Tensor, recorder: Recorder) -> None:

@@ -95,7 +95,7 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     p /= p.sum()
     V = rng.normal(size=(N, d))
     A0 = op.centred_contributions(p, V)
-    order = None if order_by == "search" else op.rank_order(p)  # the search order or mass order: the scans are order-free
+    order = None if order_by == "search" else op.rank_order(p)  # search or mass order: the scans are order-free
     A, pw, nrm, G, lo, hi, _, _, gamma, wtop = prepare(A0, p, s, order)[:10]
     mx = suffix_max(nrm)
     *_, gc, gk = node_scratch(nrm, s, NREF)  # the search's scratch layout, reused (stale) between trials

@@ -165,12 +165,8 @@ AttentionInterface.register(ATTENTION_NAME, ceiling_attention)
 @contextlib.contextmanager
 def restricted(model, state: CeilingState | None):
     """Run ``model`` with :func:`ceiling_attention` and ``state`` active (None: plain SDPA)."""
-    token = _ACTIVE.set(state)
-    try:
-        with attention_implementation(model, ATTENTION_NAME):
-            yield state
-    finally:
-        _ACTIVE.reset(token)
+    with attention_implementation(model, ATTENTION_NAME, (_ACTIVE, state)):
+        yield state
 
 
 def _truncated(prompt: Prompt, steps: int | None) -> torch.Tensor | None:
