@@ -38,9 +38,8 @@ from forcedweight.certify.solvers import bnb
 from forcedweight.certify.solvers.bounds import RELAX_ITERS, _bound_along, _project_capped, relax_bound
 from forcedweight.certify.solvers.frontier import _first_level_vals
 from forcedweight.certify.solvers.lp_bound import tail_bound
-from forcedweight.certify.solvers.search_row import prepare
+from forcedweight.certify.solvers.search_row import contributions, prepare
 from forcedweight.certify.warmup import warm_up
-from forcedweight.core import operator as op
 from forcedweight.rows import rows_by_id
 
 
@@ -150,7 +149,7 @@ def main():
         res = bnb.solve_bnb(p, V, s, incumbent=best, node_limit=a.node_limit, time_limit=1e9, refine_work=0,
                             tail_lps=0, relax_iters=0)
         value = float(res.value)
-        A_keys = op.centred_contributions(*op.as_row(p, V, s))
+        p, V, A_keys = contributions(p, V, s)
         A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A_keys, p, s)[:10]
         N = A.shape[0]
         k_open = int(res.info["level_nodes"][0])

@@ -33,7 +33,7 @@ def main(argv=None) -> None:
 
     from forcedweight.certify.solvers import bnb
     from forcedweight.certify.solvers.node_tests import search_steps
-    from forcedweight.certify.solvers.search_row import prepare
+    from forcedweight.certify.solvers.search_row import contributions, prepare
     from forcedweight.certify.solvers.subtrees import SearchState
     from forcedweight.core import operator as op
     from forcedweight.rows import rows_by_id
@@ -42,9 +42,8 @@ def main(argv=None) -> None:
     if r is None:
         sys.exit(f"proof_by_first_key: no row with row_id {args.row} in {args.real}")
     s = args.s
-    p, V = op.as_row(r.p, r.V, s)
+    p, V, A_keys = contributions(r.p, r.V, s)
     N = p.shape[0]
-    A_keys = op.centred_contributions(p, V)
     row = prepare(A_keys, p, s)
     order, rank = row.order, row.rank
     A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = row[:10]

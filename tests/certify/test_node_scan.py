@@ -206,3 +206,24 @@ def test_search_row_is_the_row_in_search_order(seed):
     assert names == ["A", "pw", "wtop", "nrm", "G", "lo", "hi", "use_box"]
     assert all(x is y for x, y in zip(row.search_arrays, (row.A, row.pw, row.wtop, row.nrm, row.G, row.lo, row.hi,
                                                            row.use_box)))
+
+
+def test_contributions_from_values_or_given_and_the_budget_checked():
+    """``contributions``: the centred contributions of (p, V), or the given A reshaped to (N, d); either way
+    a budget outside [1, N] is a ValueError (root_bound and solve_bnb share it)."""
+    from forcedweight.certify.solvers.bnb import root_bound
+    from forcedweight.certify.solvers.search_row import contributions
+
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(9))
+    V = rng.normal(size=(9, 3))
+    p2, V2, A = contributions(list(p), V.tolist(), 4)
+    assert p2.dtype == np.float64 and V2.shape == (9, 3)
+    np.testing.assert_array_equal(A, op.centred_contributions(p, V))
+    _, _, A_given = contributions(p, None, 4, A.ravel())
+    np.testing.assert_array_equal(A_given, A)
+    for s in (0, 10):
+        with pytest.raises(ValueError, match="outside"):
+            contributions(p, V, s)
+        with pytest.raises(ValueError, match="outside"):
+            root_bound(p, None, s, A=A)

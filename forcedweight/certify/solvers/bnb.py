@@ -66,7 +66,7 @@ from forcedweight.certify.solvers import node_tests
 from forcedweight.certify.solvers.node_tests import (SAFE, _exclude, _node_lb_ok,
                                                      node_scratch, search_steps)
 from forcedweight.certify.solvers.result import SolverResult
-from forcedweight.certify.solvers.search_row import prepare
+from forcedweight.certify.solvers.search_row import contributions, prepare
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 
@@ -230,15 +230,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     t0 = time.perf_counter()
     if node_limit is not None and node_limit < 1:
         raise ValueError(f"node_limit must be >= 1, got {node_limit}")
-    p = np.asarray(p, dtype=np.float64)
     external = A is not None
-    if not external:
-        p, V = op.as_row(p, V, s)
-        A_keys = op.centred_contributions(p, V)
-    else:
-        A_keys = np.ascontiguousarray(np.asarray(A, dtype=np.float64).reshape(p.shape[0], -1))
-        if not 1 <= s <= p.shape[0]:
-            raise ValueError(f"s = {s} outside [1, {p.shape[0]}]")
+    p, V, A_keys = contributions(p, V, s, A)
     N = p.shape[0]
 
     start = op.top_mass_set(p, s) if incumbent is None else op.as_index(incumbent, N)
@@ -386,8 +379,7 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
     ``solve_bnb``'s ``lower_bound`` on a stopped search is never below it. Arrays as in
     ``solve_bnb``; returns a float in ``[0, E(top-mass polished)]`` (capped by the top-mass set).
     """
-    p = np.asarray(p, dtype=np.float64)
-    A_keys = op.centred_contributions(*op.as_row(p, V, s)) if A is None else np.asarray(A, dtype=np.float64)
+    p, V, A_keys = contributions(p, V, s, A)
     row = prepare(A_keys, p, s)
     top = op.top_mass_set(p, s)
     e_top = _set_error(A_keys, p, top)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from forcedweight.certify.solvers.node_tests import _EPS, _box_tables, mass_tops
+from forcedweight.core import operator as op
 
 BOX_MAX = 2.5e7  # largest (N+1)(s+1)d table of box sums kept; beyond it the box bound is off
 
@@ -56,6 +57,19 @@ class SearchRow(NamedTuple):
         return self.A, self.pw, self.wtop, self.nrm, self.G, self.lo, self.hi, self.use_box
 
 
+def contributions(p, V, s: int, A=None):
+    """``(p, V, A_keys)``: the row's masses (N,) and values (N, d) as float64 and its contributions
+    ``A_keys`` (N, d), ``operator.centred_contributions(p, V)``, or ``A`` when given (a pool's rows with the
+    full row's mean; V is then returned as given, unused). Raises ValueError unless ``1 <= s <= N``."""
+    if A is None:
+        p, V = op.as_row(p, V, s)
+        return p, V, op.centred_contributions(p, V)
+    p = np.asarray(p, dtype=np.float64)
+    if not 1 <= s <= p.shape[0]:
+        raise ValueError(f"s = {s} outside [1, {p.shape[0]}]")
+    return p, V, np.ascontiguousarray(np.asarray(A, dtype=np.float64).reshape(p.shape[0], -1))
+
+
 def search_order(A_keys, p) -> np.ndarray:
     """(N,) int64: the keys by contribution norm ``||a_i||`` (A_keys (N, d)), descending; ties by
     mass ``p`` (N,), descending, then by the lower index. The branch and bound's key order."""
@@ -98,4 +112,4 @@ def prepare(A_keys, p, s: int, order=None) -> SearchRow:
     return SearchRow(A, pw, nrm, G, lo, hi, use_box, kappa, gamma, mass_tops(pw, s), order, rank)
 
 
-__all__ = ["BOX_MAX", "SearchRow", "prepare", "search_order"]
+__all__ = ["BOX_MAX", "SearchRow", "contributions", "prepare", "search_order"]
