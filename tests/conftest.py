@@ -1,4 +1,5 @@
-"""Shared test setup: Triton kernels run in interpreter mode on CPU; no hub access."""
+"""Shared test setup: Triton kernels run in interpreter mode on CPU; no hub access; hypothesis draws the same
+examples on every run (profile "seeded"; ``HYPOTHESIS_PROFILE=explore`` draws new ones)."""
 
 import os
 
@@ -12,6 +13,13 @@ for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
 import copy  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# the suite is deterministic (a property test's examples come from a fixed seed, so CI and the README's run
+# see the same ones); "explore" draws fresh examples each run, to look for new failures
+settings.register_profile("seeded", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 
 @pytest.fixture(scope="session")
