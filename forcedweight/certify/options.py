@@ -61,8 +61,16 @@ def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WO
                      threads=_threads(), **_bound_effort(refine_work)), note
 
 
+def _resolution_note(res) -> str | None:
+    """The note of a SCIP result left unsolved because its value is below SCIP's resolution, else None."""
+    if res.info.get("below_resolution"):
+        return "the value is below SCIP's numerical resolution (solvers.scip.RESOLUTION); not proved, bnb can"
+    return None
+
+
 def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
-    return scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit), None
+    res = scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit)
+    return res, _resolution_note(res)
 
 
 def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
@@ -71,7 +79,9 @@ def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_W
         return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
     except ValueError:
         note = "cpsat needs an integral row (uniform masses, integer 1-D values); used scip"
-    return scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit), note
+    res = scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit)
+    below = _resolution_note(res)
+    return res, note if below is None else f"{note}; {below}"
 
 
 #: ``--solver`` name -> solve function (None: no solver); the order is the one the help lists

@@ -50,3 +50,17 @@ def test_each_solver_proves_the_brute_force_optimum(name, row, s, solver, note):
     slack = 1e-12 * np.abs(V).max()
     assert res.value == pytest.approx(op.forced_error(p, V, res.best_set), rel=1e-12, abs=1e-300)
     assert ref * (1 - 1e-12) - slack <= res.value <= ref / (1 - 1e-6) + slack
+
+
+def test_scip_below_its_resolution_says_so():
+    """A value SCIP cannot resolve (E = 4.8e-13 against ||a|| ~ 1: test_solvers) comes back unsolved with a
+    note naming the reason, from --solver scip and from cpsat's fallback to scip; bnb proves it."""
+    from tests.rowgen import make_row
+
+    p, V = make_row(230, 6, 2, "peaked")
+    ref, _ = brute_force_best(p, V, 5)
+    for name in ("scip", "cpsat"):
+        res, note = run_solver(name, p, V, 5, op.top_mass_set(p, 5), 20.0)
+        assert res.solver == "scip" and not res.proved and "below SCIP's numerical resolution" in note
+    res, note = run_solver("bnb", p, V, 5, op.top_mass_set(p, 5), 20.0)
+    assert res.proved and note is None and res.value == pytest.approx(ref, rel=2e-9)

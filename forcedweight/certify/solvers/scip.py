@@ -28,6 +28,9 @@ POLISH_SWAPS = 1000  # most 1-swaps when polishing a set found by SCIP
 REL_EPS = 1e-6  # a round asks for a set with E < (1 - REL_EPS) * E(best)
 FEASTOL = 1e-7  # SCIP numerics/feastol on the scaled cone (below ~1e-7 SoPlex warns it cannot
 #                 reach the tightened LP tolerance without GMP)
+RESOLUTION = float(np.finfo(np.float64).eps) / FEASTOL  # no round below t = RESOLUTION * (sum of the s largest
+# ||a_i||): there the float64 rounding of a round's scaled sums y / t (eps * that sum / t) exceeds FEASTOL, so
+# SCIP can tell neither side of the cone (a 6-key row at t / sum = 4e-13 spent its whole time limit)
 
 
 def _round(A, p, s, t, nogoods, time_left):
@@ -90,7 +93,10 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
     ``E < (1 - REL_EPS) * value``; ``tolerance = REL_EPS * value``. A value at or below
     ``operator.forced_error_rounding(V, s)`` (the float64 rounding of E) is proved at once with
     ``tolerance = value`` (no set has E < 0; below that floor a round could never end: SCIP's
-    tolerances cannot separate it from an exact 0). (Feasibility tolerances only
+    tolerances cannot separate it from an exact 0). A value above that floor but below SCIP's resolution,
+    ``RESOLUTION`` times the sum of the s largest ``||a_i||``, is returned unsolved at once with
+    ``info["below_resolution"] = True``: there a round's arithmetic cannot support a proof (``bnb``, whose
+    margins are rigorous, can). (Feasibility tolerances only
     make SCIP accept a point more easily; every point is re-evaluated exactly, and one that is no
     real improvement is cut off by a no-good constraint.) Unsolved: ``lower_bound = 0`` (a fixed-t round proves nothing until it
     finishes).
@@ -106,9 +112,10 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
         best, _ = swap_search(p, V, best, max_swaps=POLISH_SWAPS, A=A)
     value = op.forced_error(p, V, best, A)
     floor = op.forced_error_rounding(V, s)
+    reach = RESOLUTION * float(np.sort(np.linalg.norm(A, axis=1))[-s:].sum())
     rounds, nogoods = 0, []
     proved = False
-    while value > floor:
+    while value > floor and value * (1.0 - REL_EPS) >= reach:
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0:
             break
@@ -131,4 +138,5 @@ def solve_scip(p, V, s: int, incumbent=None, time_limit: float = 10.0) -> Solver
     lb = value if proved else 0.0
     return SolverResult(value, np.sort(best).astype(np.int64), lb, proved, "scip",
                         time.perf_counter() - t0, value if at_zero else REL_EPS * value,
-                        {"rounds": rounds, "nogoods": len(nogoods)})
+                        {"rounds": rounds, "nogoods": len(nogoods),
+                         "below_resolution": bool(not proved and value * (1.0 - REL_EPS) < reach)})
