@@ -14,7 +14,7 @@ import pytest
 from forcedweight.certify.enumerate import brute_force_best
 from forcedweight.certify.solvers.bnb import REL_TOL, solve_bnb
 from forcedweight.certify.solvers.node_tests import (DECAY, NREF, ROW_SLOTS, THETA, _exclude, _node_lb_ok,
-                                                     node_scratch)
+                                                     key_table, node_scratch)
 from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.core import operator as op
 
@@ -52,6 +52,7 @@ def _check_exclusion(seed):
     order = None if seed % 4 < 2 else op.rank_order(p)  # the search order or mass order: the tests are order-free
     A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s, order)[:10]
     mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, NREF)
+    kt = key_table(mx, wtop, nrm, pw)
     dropped = checked = by_marks = 0
     for trial in range(40):
         t = int(rng.integers(1, s - 1))  # r = s - t >= 2
@@ -66,7 +67,7 @@ def _check_exclusion(seed):
         L = np.concatenate([R, np.full(n - R.size, -1)]).astype(np.int64)
         nref = int(rng.choice([0, 2, NREF]))
         cs_at = np.where(L >= 0, cs[:, L], np.nan)  # the search keeps cs by position in L
-        ok = _node_lb_ok(t, L, 0, R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, use_box, lam, gamma, mx,
+        ok = _node_lb_ok(t, L, 0, R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, use_box, lam, gamma, kt,
                          wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, dirn, gc, gk)
         if not ok:
             assert E.min() >= lam * (1 - 1e-12)  # a pruned node holds no set below lam
@@ -74,8 +75,8 @@ def _check_exclusion(seed):
         # the last direction alone (the steps' marks cleared), then with the marks
         L1, cs1, unmarked = L.copy(), cs_at.copy(), gc.copy()
         unmarked[ROW_SLOTS + 1] = 0.0
-        end1 = _exclude(t, L1, 0, R.size, s, pw, nrm, ws, cs1, lam, mx, wtop, buf, bidx, h, dirn, unmarked)
-        end = _exclude(t, L, 0, R.size, s, pw, nrm, ws, cs_at, lam, mx, wtop, buf, bidx, h, dirn, gc)
+        end1 = _exclude(t, L1, 0, R.size, s, ws, cs1, lam, kt, buf, bidx, h, dirn, unmarked)
+        end = _exclude(t, L, 0, R.size, s, ws, cs_at, lam, kt, buf, bidx, h, dirn, gc)
         assert set(L[:end].tolist()) <= set(L1[:end1].tolist())
         by_marks += end1 - end
         kept = set(L[:end].tolist())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, mass_tops,
-                                                     node_scratch, suffix_max)
+                                                     key_table, node_scratch, suffix_max)
 from forcedweight.certify.solvers.search_row import prepare, search_order
 from forcedweight.core import operator as op
 
@@ -128,8 +128,9 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
         h = np.full(N, np.nan)
         zs, zc = np.zeros(NREF * s, np.int64), np.zeros(NREF * s)
         cs_at = np.where(L >= 0, cs[:, L], np.nan)  # the search keeps cs by position in L
-        ok = _node_lb_ok(t, L, p0, p0 + R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, False, lam, gamma, mx,
-                         wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY, np.zeros(DIRN), gc, gk)
+        ok = _node_lb_ok(t, L, p0, p0 + R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, False, lam, gamma,
+                         key_table(mx, wtop, nrm, pw), wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY,
+                         np.zeros(DIRN), gc, gk)
         ref_ok, last = _reference(t, R, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
         assert ok == ref_ok
         if last is not None:

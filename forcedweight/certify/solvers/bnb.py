@@ -64,7 +64,7 @@ from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
 from forcedweight.certify.solvers import node_tests
 from forcedweight.certify.solvers.node_tests import (SAFE, _exclude, _node_lb_ok,
-                                                     node_scratch, search_steps)
+                                                     key_table, node_scratch, search_steps)
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.search_row import contributions, prepare
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
@@ -97,6 +97,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
     0 = the whole search)."""
     N, d = A.shape
     mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, nref)
+    kt = key_table(mx, wtop, nrm, pw)
     t = state[0]
     nodes = 0
     while nodes < budget:
@@ -107,7 +108,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
         r = s - t
         Lt = L[t]
         ok = _node_lb_ok(t, Lt, p0, Ln[t], s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, mx, wtop, buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk)
+                         gamma, kt, wtop, buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk)
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
@@ -142,7 +143,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
             # reduced-cost exclusion: candidates no improving completion can hold leave this level's
             # list (this subtree and every later sibling); then re-test if the next key itself left
             k = Lt[p0]
-            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn, gc)
+            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, ws, cs, lam, kt, buf, bidx, h, dirn, gc)
             if Ln[t] - p0 < r:
                 ok = False
             elif Lt[p0] != k:

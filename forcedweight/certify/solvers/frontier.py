@@ -37,7 +37,8 @@ from numba import njit, objmode
 
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.lp_bound import NODE_LPS, TAIL_LPS, choose_tail, node_bound
-from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA, node_scratch
+from forcedweight.certify.solvers.node_tests import (_EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA, key_table,
+                                                     node_scratch)
 
 REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
@@ -132,6 +133,7 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
     bs1 = np.zeros(2)
     cs1 = np.zeros((2, N))
     mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
+    kt = key_table(mx, wtop, nrm, pw)
     cur = min(top, cur0)
     work = 0.0
     out[0] = -1
@@ -149,7 +151,7 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
         for kk in range(k + 1, N):
             cs1[1, kk] = G[k, kk]
         v = _node_value(1, keys_all, k + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
-                        gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                        gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
         work += (N - k) * (iters + 1 if v < cur else 1)
         if v < cur and relax_iters > 0:
             v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur,
@@ -185,6 +187,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
     mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
+    kt = key_table(mx, wtop, nrm, pw)
     rq = min(RELAX_QUICK, relax_iters)
     spent = 0.0
     while True:
@@ -216,7 +219,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
         _level(A, pw, nrm, G, keys[i], t, ys, ws, bs, cs)
         if state[i] == 0:
             # (1) its own full bound
-            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, wtop,
+            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt, wtop,
                             buf, bidx, h, zs, zc, dirn, iters, gc, gk)
             spent += (N - k) * (iters + 1) + N * t
             if v < top and relax_iters > 0 and N - k >= s - t:
@@ -261,10 +264,10 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
             stats[2] += 1
             # dropped when proved at top (one test); otherwise bounded, capped at the running minimum
             if not _node_lb_ok(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top,
-                               gamma, mx, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
+                               gamma, kt, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
                 continue
             v = _node_value(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, cur,
-                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                            gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
             spent += (N - j) * (iters + 1 if v < cur else 1)
             if v < cur and rq > 0:
                 v = max(v, relax_bound(ys[t + 1], ws[t + 1], A, pw, nrm, j + 1, s - t - 1, cur, rq, 0))
@@ -377,6 +380,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
     m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
     if t_cur > 0:
         mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
+        kt = key_table(mx, wtop, nrm, pw)
         # the first-level node {idx[0]} holds every deeper open node
         ys1 = np.zeros((2, d))
         ws1 = np.zeros(2)
@@ -390,13 +394,13 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
         for kk in range(k0 + 1, N):
             cs1[1, kk] = G[k0, kk]
         first = _node_value(1, keys_all, k0 + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
-                            gamma, mx, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                            gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
         if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
             first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best,
                                         _relax_left(relax_iters, deadline)))
         for t in range(1, t_cur + 1):
             k = idx[t] + (1 if t < t_cur else 0)
-            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, mx, wtop,
+            v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, kt, wtop,
                             buf, bidx, h, zs, zc, dirn, iters, gc, gk)
             if v < best and relax_iters > 0 and N - k >= s - t:
                 v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, _relax_left(relax_iters, deadline)))

@@ -12,8 +12,9 @@ in the search's order and basis, ``pw`` (N,) masses, ``nrm`` (N,) row norms, ``G
 ``lo``/``hi`` box tables, ``ys`` (levels, d), ``ws``/``bs`` (levels,), ``cs`` (levels, N)
 (``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's candidate list ``L``, from Gram rows), ``mx``
 (N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1) suffix mass tops (``mass_tops``; ``wtop[j, 1]``
-is the largest mass from key j on); scratch ``buf``, ``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``, ``gk``
-(``node_scratch``).
+is the largest mass from key j on), ``kt`` (N, 4) the same four values of each key in one row (``key_table``: what
+the scans and the exclusion read of a key); scratch ``buf``, ``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``,
+``gk`` (``node_scratch``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,22 @@ def node_scratch(nrm, s, nref):
 
 
 @njit(cache=True)
+def key_table(mx, wtop, nrm, pw):
+    """(N, 4) array: each key's ``(mx[k], wtop[k, 1], nrm[k], pw[k])`` in one row: what a scan (its stop bound
+    and reduced cost) and ``_exclude`` read of a key, in one cache line instead of four arrays' (N ~ 4,000: the
+    scans' keys are scattered over the row). The same values, so the search is the same bit for bit; proofs
+    from the optimum on one thread took 0.95-0.98x the time (built-in rows 49, 283, 421; BENCHMARKS.md)."""
+    N = nrm.shape[0]
+    kt = np.empty((N, 4))
+    for k in range(N):
+        kt[k, 0] = mx[k]
+        kt[k, 1] = wtop[k, 1]
+        kt[k, 2] = nrm[k]
+        kt[k, 3] = pw[k]
+    return kt
+
+
+@njit(cache=True)
 def _insert(x, kk, n, r, buf, bidx):
     """Insert value x (key kk) into the ascending list buf[:n] of the r smallest; returns the new n."""
     if n < r:
@@ -164,7 +181,7 @@ def _h_at(kk, G, zs, zc, nzl):
 
 
 @njit(cache=True)
-def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, inv, err, c, lp, lam, hv,
+def _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv, err, c, lp, lam, hv,
                marking, buf, bidx):
     """One supergradient step's scan of ``_node_lb_ok``: the r smallest ``g`` over ``L[p0:ln]`` into
     ``buf``/``bidx`` (early-stopped as the test's first scan), filling the step sums ``h`` of the positions
@@ -183,9 +200,9 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, a
         ui = uint64(i)
         kk = L[ui]
         uk = uint64(kk)
-        if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
+        if worst <= -(c * kt[uk, 0] + lp * kt[uk, 1]):
             return hv, i, xmax
-        x = ((alpha * cst[ui] + h[ui]) * inv - err * nrm[uk]) - lam * pw[uk]
+        x = ((alpha * cst[ui] + h[ui]) * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
         if marking:
             xs[ui] = x
             xmax = max(xmax, x)
@@ -197,12 +214,12 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, a
         ui = uint64(i)
         kk = L[ui]
         uk = uint64(kk)
-        if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
+        if worst <= -(c * kt[uk, 0] + lp * kt[uk, 1]):
             return hv, i, xmax
         h[ui] = _h_at(kk, G, zs, zc, nz)
         mk[ui] = 0.0
         hv = i + 1
-        x = ((alpha * cst[ui] + h[ui]) * inv - err * nrm[uk]) - lam * pw[uk]
+        x = ((alpha * cst[ui] + h[ui]) * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
         if marking:
             xs[ui] = x
             xmax = max(xmax, x)
@@ -214,7 +231,7 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, a
 
 
 @njit(cache=True)
-def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, mx, wtop,
+def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, kt, wtop,
                 buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk):
     """True when node (T = level t, candidates ``R = L[p0:ln]``) may contain a set with E < lam.
 
@@ -284,9 +301,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         ui = uint64(i)
         kk = L[ui]
         uk = uint64(kk)
-        if worst <= -(c * mx[uk] + lp * wtop[uk, 1]):
+        if worst <= -(c * kt[uk, 0] + lp * kt[uk, 1]):
             break
-        x = (cst[ui] * inv - err * nrm[uk]) - lam * pw[uk]
+        x = (cst[ui] * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
         if n < r or x < worst:
             n = _insert(x, i, n, r, buf, bidx)
             if n == r:
@@ -408,7 +425,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         # 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3;
         # BENCHMARKS.md, issue 15)
         marking = r >= 2 and step >= nref // 2
-        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, mx, wtop, nrm, pw, G, zs, zc, nz, alpha, inv,
+        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv,
                                     err, c, lp, lam, hv, marking, buf, bidx)
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
@@ -440,7 +457,7 @@ def _among(i, bidx, m):
 
 
 @njit(cache=True)
-def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn, gc):
+def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
     """Drop from ``L[p0:ln]`` (in place, order kept, with their ``cs[t]`` entries) every key in no
     completion with E < lam; returns the new end. Valid after ``_node_lb_ok`` passed this node with
     ``dirn[0] == 1``.
@@ -477,7 +494,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
         ui = uint64(i)  # unsigned indices: no negative-index wrap
         kk = L[ui]
         uk = uint64(kk)
-        if base >= c * mx[uk] + lp * wtop[uk, 1]:  # no key from here on can stay
+        if base >= c * kt[uk, 0] + lp * kt[uk, 1]:  # no key from here on can stay
             for i2 in range(i, ln):
                 if _among(i2, bidx, r - 1):
                     L[j] = L[i2]
@@ -489,7 +506,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
             cst[j] = cst[ui]
             j += 1
             continue
-        g = ((alpha * cst[ui] + h[ui]) * inv - err * nrm[uk]) - lam * pw[uk]
+        g = ((alpha * cst[ui] + h[ui]) * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
         if mk[ui] == 0.0 and (base + g < 0.0 or _among(i, bidx, r - 1)):
             L[j] = kk
             cst[j] = cst[ui]
@@ -498,7 +515,7 @@ def _exclude(t, L, p0, ln, s, pw, nrm, ws, cs, lam, mx, wtop, buf, bidx, h, dirn
 
 
 @njit(cache=True)
-def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx, wtop,
+def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt, wtop,
                 buf, bidx, h, zs, zc, dirn, iters, gc, gk):
     """A proved lower bound on E over node (level t, candidates ``L[p0:ln]``), capped at ``top``.
 
@@ -506,14 +523,14 @@ def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     on a bisection of ``[0, top]`` (``iters`` halvings) is returned (``top`` itself when proved
     there, 0 when nothing is).
     """
-    if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, mx,
+    if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt,
                        wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
         return top
     lo_l = 0.0
     hi_l = top
     for _ in range(iters):
         mid = 0.5 * (lo_l + hi_l)
-        if _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, mx,
+        if _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, mid, gamma, kt,
                        wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
             hi_l = mid
         else:
