@@ -241,7 +241,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
 
     The r smallest of ``g_kk = <a_kk, u> - lam p_kk`` over R are found by a scan in the search's
     order that stops at the first kk where ``buf[r - 1] <= -(c mx[kk] + lam wtop[kk, 1])``
-    (``mx = suffix_max(nrm)``, ``c`` >= 1 + the relative error of ``<a_kk, u>``): no later key can
+    (``mx = suffix_max(nrm)``; with ``nrm`` and ``pw``, read from ``kt = key_table(...)``; ``c`` >= 1 + the
+    relative error of ``<a_kk, u>``): no later key can
     enter, since ``g >= -||a|| - lam p`` and both maxima are over the keys from kk on. The sum and
     the keys found are those of the full scan, so the test (and the search) is unchanged; in the
     search's order (norms descending) a scan reads a small share of R on long rows.
