@@ -8,6 +8,8 @@ from forcedweight.certify.options import SOLVERS, CertifyOptions, run_solver
 from forcedweight.core import operator as op
 from forcedweight.errors import InputError
 
+from tests.rowgen import make_row
+
 
 def _integral(n, seed):
     rng = np.random.default_rng(seed)
@@ -55,8 +57,6 @@ def test_each_solver_proves_the_brute_force_optimum(name, row, s, solver, note):
 def test_scip_below_its_resolution_says_so():
     """A value SCIP cannot resolve (E = 4.8e-13 against ||a|| ~ 1: test_solvers) comes back unsolved with a
     note naming the reason, from --solver scip and from cpsat's fallback to scip; bnb proves it."""
-    from tests.rowgen import make_row
-
     p, V = make_row(230, 6, 2, "peaked")
     ref, _ = brute_force_best(p, V, 5)
     for name in ("scip", "cpsat"):
