@@ -14,7 +14,7 @@ import pytest
 from forcedweight.certify.enumerate import brute_force_best
 from forcedweight.certify.solvers.bnb import REL_TOL, solve_bnb
 from forcedweight.certify.solvers.node_tests import (DECAY, NREF, ROW_SLOTS, THETA, _exclude, _node_lb_ok,
-                                                     key_table, node_scratch)
+                                                     node_scratch)
 from forcedweight.certify.solvers.search_row import prepare
 from forcedweight.core import operator as op
 
@@ -51,8 +51,7 @@ def _check_exclusion(seed):
     A0 = op.centred_contributions(p, V)
     order = None if seed % 4 < 2 else op.rank_order(p)  # the search order or mass order: the tests are order-free
     A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s, order)[:10]
-    mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, NREF)
-    kt = key_table(mx, wtop, nrm, pw)
+    kt, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
     dropped = checked = by_marks = 0
     for trial in range(40):
         t = int(rng.integers(1, s - 1))  # r = s - t >= 2

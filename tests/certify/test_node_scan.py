@@ -97,8 +97,7 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     A0 = op.centred_contributions(p, V)
     order = None if order_by == "search" else op.rank_order(p)  # search or mass order: the scans are order-free
     A, pw, nrm, G, lo, hi, _, _, gamma, wtop = prepare(A0, p, s, order)[:10]
-    mx = suffix_max(nrm)
-    *_, gc, gk = node_scratch(nrm, s, NREF)  # the search's scratch layout, reused (stale) between trials
+    *_, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)  # the search's scratch layout, reused (stale) between trials
     gc[:] = np.nan
     stopped = compared = 0
     for trial in range(60):
@@ -129,7 +128,7 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
         zs, zc = np.zeros(NREF * s, np.int64), np.zeros(NREF * s)
         cs_at = np.where(L >= 0, cs[:, L], np.nan)  # the search keeps cs by position in L
         ok = _node_lb_ok(t, L, p0, p0 + R.size, s, A, pw, nrm, G, ys, ws, bs, cs_at, lo, hi, False, lam, gamma,
-                         key_table(mx, wtop, nrm, pw), wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY,
+                         key_table(nrm, pw, wtop), wtop, buf, bidx, h, zs, zc, nref, THETA, DECAY,
                          np.zeros(DIRN), gc, gk)
         ref_ok, last = _reference(t, R, s, pw, wtop, nrm, G, ys, ws, bs, cs, lam, gamma, nref)
         assert ok == ref_ok

@@ -63,8 +63,7 @@ from forcedweight.core.swaps import swap_search
 from forcedweight.certify.solvers.bounds import RELAX_ITERS
 from forcedweight.certify.solvers.frontier import REFINE_STATS, REFINE_WORK, first_level_bound, open_bound
 from forcedweight.certify.solvers import node_tests
-from forcedweight.certify.solvers.node_tests import (SAFE, _exclude, _node_lb_ok,
-                                                     key_table, node_scratch, search_steps)
+from forcedweight.certify.solvers.node_tests import SAFE, _exclude, _node_lb_ok, node_scratch, search_steps
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.certify.solvers.search_row import contributions, prepare
 from forcedweight.certify.solvers.subtrees import SearchState, next_batch, search_subtrees
@@ -96,8 +95,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
     complete, or the siblings it was given at level ``floor``: ``subtrees`` hands threads such parts;
     0 = the whole search)."""
     N, d = A.shape
-    mx, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, s, nref)
-    kt = key_table(mx, wtop, nrm, pw)
+    kt, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, nref)
     t = state[0]
     nodes = 0
     while nodes < budget:
@@ -118,7 +116,8 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
             for i in range(p0, Ln[t]):
                 kk = Lt[i]
                 # no later leaf can beat best: ||y_T + a|| >= ||y_T|| - mx[kk], w <= w_T + wtop[kk, 1]
-                if nyT - mx[kk] * (1.0 + SAFE) > best[0] * (ws[t] + wtop[kk, 1]) * (1.0 + SAFE):
+                # (kt[kk, 0], kt[kk, 1])
+                if nyT - kt[kk, 0] * (1.0 + SAFE) > best[0] * (ws[t] + kt[kk, 1]) * (1.0 + SAFE):
                     break
                 wv = ws[t] + pw[kk]
                 if wv <= 0.0:

@@ -37,8 +37,7 @@ from numba import njit, objmode
 
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.lp_bound import NODE_LPS, TAIL_LPS, choose_tail, node_bound
-from forcedweight.certify.solvers.node_tests import (_EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA, key_table,
-                                                     node_scratch)
+from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA, node_scratch
 
 REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
@@ -132,8 +131,7 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
     ws1 = np.zeros(2)
     bs1 = np.zeros(2)
     cs1 = np.zeros((2, N))
-    mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
-    kt = key_table(mx, wtop, nrm, pw)
+    kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
     cur = min(top, cur0)
     work = 0.0
     out[0] = -1
@@ -186,8 +184,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
-    mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
-    kt = key_table(mx, wtop, nrm, pw)
+    kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
     rq = min(RELAX_QUICK, relax_iters)
     spent = 0.0
     while True:
@@ -379,8 +376,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
     if t_cur > 0:
-        mx, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, s, NREF)
-        kt = key_table(mx, wtop, nrm, pw)
+        kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
         # the first-level node {idx[0]} holds every deeper open node
         ys1 = np.zeros((2, d))
         ws1 = np.zeros(2)

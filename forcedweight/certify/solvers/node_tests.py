@@ -10,11 +10,11 @@ supergradient step's scan of ``_node_lb_ok``; ``_exclude`` drops the candidates 
 ``E < lam`` can hold (reduced-cost fixing with the test's direction). Arrays: ``A`` (N, d) contributions
 in the search's order and basis, ``pw`` (N,) masses, ``nrm`` (N,) row norms, ``G`` (N, N) Gram matrix,
 ``lo``/``hi`` box tables, ``ys`` (levels, d), ``ws``/``bs`` (levels,), ``cs`` (levels, N)
-(``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's candidate list ``L``, from Gram rows), ``mx``
-(N + 1,) suffix maxima of ``nrm``, ``wtop`` (N + 1, s + 1) suffix mass tops (``mass_tops``; ``wtop[j, 1]``
-is the largest mass from key j on), ``kt`` (N, 4) the same four values of each key in one row (``key_table``: what
-the scans and the exclusion read of a key); scratch ``buf``, ``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``,
-``gk`` (``node_scratch``).
+(``cs[t, i] = <y_T, a_L[i]>`` by position i in level t's candidate list ``L``, from Gram rows), ``wtop``
+(N + 1, s + 1) suffix mass tops (``mass_tops``; ``wtop[j, 1]`` is the largest mass from key j on), ``kt`` (N, 4)
+each key's ``mx[k]`` (``suffix_max`` of ``nrm``), ``wtop[k, 1]``, ``nrm[k]`` and ``pw[k]`` in one row
+(``key_table``: what the scans, the exclusion and the leaves read of a key); ``kt`` and the scratch ``buf``,
+``bidx``, ``h``, ``zs``, ``zc``, ``dirn``, ``gc``, ``gk`` come from ``node_scratch``.
 """
 
 from __future__ import annotations
@@ -115,25 +115,14 @@ ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate p
 
 
 @njit(cache=True)
-def node_scratch(nrm, s, nref):
-    """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``nref`` steps:
-    ``(mx, buf, bidx, h, zs, zc, keys, dirn, gc, gk)`` (``mx = suffix_max(nrm)``, ``keys = arange(N)``,
-    the candidate list of a range node ``R = k..N-1``; the rest scratch: ``gc`` (ROW_SLOTS + 2, N) holds
-    the compacted Gram rows of ``_node_lb_ok``'s steps, then a scan's reduced costs and the keys its steps
-    proved excluded, by position; ``gk`` (3, max(ROW_SLOTS, s)) is the rows' slot table)."""
+def key_table(nrm, pw, wtop):
+    """(N, 4) array: each key's ``(mx[k], wtop[k, 1], nrm[k], pw[k])`` (``mx = suffix_max(nrm)``) in one row:
+    what a scan (its stop bound and reduced cost), ``_exclude`` and the leaves read of a key, in one cache line
+    instead of four arrays' (N ~ 4,000: the scans' keys are scattered over the row). The same values, so the
+    search is the same bit for bit; proofs from the optimum on one thread took 0.95-0.98x the time (built-in
+    rows 49, 283, 421; BENCHMARKS.md)."""
     N = nrm.shape[0]
-    return (suffix_max(nrm), np.empty(s), np.zeros(s, np.int64), np.zeros(N), np.zeros(nref * s, np.int64),
-            np.zeros(nref * s), np.arange(N), np.zeros(DIRN), np.empty((ROW_SLOTS + 2, N)),
-            np.zeros((3, max(ROW_SLOTS, s)), np.int64))
-
-
-@njit(cache=True)
-def key_table(mx, wtop, nrm, pw):
-    """(N, 4) array: each key's ``(mx[k], wtop[k, 1], nrm[k], pw[k])`` in one row: what a scan (its stop bound
-    and reduced cost) and ``_exclude`` read of a key, in one cache line instead of four arrays' (N ~ 4,000: the
-    scans' keys are scattered over the row). The same values, so the search is the same bit for bit; proofs
-    from the optimum on one thread took 0.95-0.98x the time (built-in rows 49, 283, 421; BENCHMARKS.md)."""
-    N = nrm.shape[0]
+    mx = suffix_max(nrm)
     kt = np.empty((N, 4))
     for k in range(N):
         kt[k, 0] = mx[k]
@@ -141,6 +130,20 @@ def key_table(mx, wtop, nrm, pw):
         kt[k, 2] = nrm[k]
         kt[k, 3] = pw[k]
     return kt
+
+
+@njit(cache=True)
+def node_scratch(nrm, pw, wtop, s, nref):
+    """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``pw`` (N,) masses and
+    ``wtop`` (``mass_tops``), ``nref`` steps: ``(kt, buf, bidx, h, zs, zc, keys, dirn, gc, gk)`` (``kt =
+    key_table(nrm, pw, wtop)``, ``keys = arange(N)``, the candidate list of a range node ``R = k..N-1``; the
+    rest scratch: ``gc`` (ROW_SLOTS + 2, N) holds the compacted Gram rows of ``_node_lb_ok``'s steps, then a
+    scan's reduced costs and the keys its steps proved excluded, by position; ``gk`` (3, max(ROW_SLOTS, s)) is
+    the rows' slot table)."""
+    N = nrm.shape[0]
+    return (key_table(nrm, pw, wtop), np.empty(s), np.zeros(s, np.int64), np.zeros(N),
+            np.zeros(nref * s, np.int64), np.zeros(nref * s), np.arange(N), np.zeros(DIRN),
+            np.empty((ROW_SLOTS + 2, N)), np.zeros((3, max(ROW_SLOTS, s)), np.int64))
 
 
 @njit(cache=True)
@@ -241,7 +244,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
 
     The r smallest of ``g_kk = <a_kk, u> - lam p_kk`` over R are found by a scan in the search's
     order that stops at the first kk where ``buf[r - 1] <= -(c mx[kk] + lam wtop[kk, 1])``
-    (``mx = suffix_max(nrm)``; with ``nrm`` and ``pw``, read from ``kt = key_table(...)``; ``c`` >= 1 + the
+    (``mx = suffix_max(nrm)``; with ``nrm`` and ``pw``, read from ``kt``, ``key_table``; ``c`` >= 1 + the
     relative error of ``<a_kk, u>``): no later key can
     enter, since ``g >= -||a|| - lam p`` and both maxima are over the keys from kk on. The sum and
     the keys found are those of the full scan, so the test (and the search) is unchanged; in the
