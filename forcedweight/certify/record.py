@@ -71,34 +71,14 @@ def invalid_record(row_id: int, s: int, reason: str, extra: dict | None = None, 
     return rec
 
 
-#: relative round-off level of E and EF (Wolfe's min-norm point is good to ~1e-13 of the scale)
-PI_FLOOR = 1e-13
-
-
-def penalty_ratio(e: float, ef: float, scale: float) -> float:
-    """``pi = E / EF``; an EF at round-off level (``<= PI_FLOOR * scale``, scale = the largest
-    ``||v_i - mu||``) counts as 0: ``inf`` when E is above that level, ``nan`` when both are.
-
-    The floor is the accuracy of the quantities themselves: E comes from centred contributions and
-    Wolfe's min-norm point gives EF to ~1e-13 of the scale (a few hundred ulps), so peaked rows whose
-    E and EF are ~1e-11 of the scale keep a meaningful π (a floor of 1e-10 dropped them as NaN)."""
-    floor = PI_FLOOR * max(scale, 1e-300)
-    if ef <= floor:
-        return float("nan") if e <= floor else float("inf")
-    return e / ef
-
-
 def penalties(p: np.ndarray, V: np.ndarray, top: np.ndarray, best_set: np.ndarray,
               es_top: float, es_best: float) -> dict:
-    """``ef_top``, ``pi_top``, ``pi_best`` of a row (p (N,), V (N, d)) with the round-off floor above."""
+    """``ef_top``, ``pi_top``, ``pi_best`` of a row (p (N,), V (N, d)) with ``operator.penalty_ratio``'s round-off floor."""
     ef_top = op.free_weight_error(p, V, top)
     ef_best = op.free_weight_error(p, V, best_set)
-    # round-off scale of E and EF: the spread of the values around mu (an offset shared by every
-    # value cancels in both, so it must not raise the floor)
-    Vc = V - op.dense_output(p, V)[None, :]
-    scale = float(np.sqrt(np.einsum("ij,ij->i", Vc, Vc).max()))
-    return {"ef_top": ef_top, "pi_top": penalty_ratio(es_top, ef_top, scale),
-            "pi_best": penalty_ratio(es_best, ef_best, scale)}
+    scale = op.penalty_scale(p, V)
+    return {"ef_top": ef_top, "pi_top": op.penalty_ratio(es_top, ef_top, scale),
+            "pi_best": op.penalty_ratio(es_best, ef_best, scale)}
 
 
 def proof_gap(es_best: float, lower_bound: float) -> float:
@@ -137,4 +117,4 @@ def make_record(row_id: int, s: int, n_keys: int, *, es_top: float, es_balance: 
 
 
 __all__ = ["ARROW_TYPES", "DROPPED_COLUMNS", "OUTPUT_COLUMNS", "carried_columns", "invalid_record",
-           "make_record", "output_schema", "proof_gap", "penalties", "penalty_ratio", "records_to_table"]
+           "make_record", "output_schema", "proof_gap", "penalties", "records_to_table"]

@@ -48,13 +48,17 @@ def dense_output(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     return p @ V
 
 
+def centred_values(p: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``v_i - mu`` for every key, shape (N, d), accurate relative to the values' spread around mu."""
+    # two-pass centring: with a large offset shared by the values, V - mu1 is exact (Sterbenz)
+    # and the small correction is accurate, so the rows stay accurate relative to the spread
+    D = V - dense_output(p, V)[None, :]
+    return D - (p @ D)[None, :]
+
+
 def centred_contributions(p: np.ndarray, V: np.ndarray) -> np.ndarray:
     """``A`` with rows ``a_i = p_i (v_i - mu)``, shape (N, d); its rows sum to zero."""
-    # two-pass centring: with a large offset shared by the values, V - mu1 is exact (Sterbenz)
-    # and the small correction is accurate, so a_i stays accurate relative to the values' spread
-    mu1 = dense_output(p, V)
-    D = V - mu1[None, :]
-    return p[:, None] * (D - (p @ D)[None, :])
+    return p[:, None] * centred_values(p, V)
 
 
 def kept_mass(p: np.ndarray, S) -> float:
@@ -248,18 +252,40 @@ def _simplex_lsq(X: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def free_weight_error(p: np.ndarray, V: np.ndarray, S) -> float:
-    """``EF(S) = min_{w in simplex(S)} ||sum_{i in S} w_i v_i - mu||`` (weights re-solved)."""
+    """``EF(S) = min_{w in simplex(S)} ||sum_{i in S} w_i v_i - mu||`` (weights re-solved), computed on
+    ``centred_values`` like E, so an offset shared by the values leaves no round-off of its size."""
     idx = as_index(S, p.shape[0])
-    mu = dense_output(p, V)
-    X = V[idx].T
-    w = _simplex_lsq(X, mu)
-    return float(np.linalg.norm(X @ w - mu))
+    C = centred_values(p, V)[idx].T  # (d, |S|)
+    w = _simplex_lsq(C, np.zeros(C.shape[0]))
+    return float(np.linalg.norm(C @ w))
+
+
+#: relative round-off level of E and EF (Wolfe's min-norm point is good to ~1e-13 of the scale)
+PI_FLOOR = 1e-13
+
+
+def penalty_scale(p: np.ndarray, V: np.ndarray) -> float:
+    """The round-off scale of E and EF: the largest ``||v_i - mu1||`` with ``mu1 = fl(p @ V)`` (one
+    pass). It is the values' spread around mu, an offset shared by every value cancelling; where the
+    values coincide it is mu's own rounding, which the centring leaves in both E and EF."""
+    D = V - dense_output(p, V)[None, :]
+    return float(np.sqrt(np.einsum("ij,ij->i", D, D).max()))
+
+
+def penalty_ratio(e: float, ef: float, scale: float) -> float:
+    """``pi = E / EF``; an EF at round-off level (``<= PI_FLOOR * scale``, ``penalty_scale``) counts
+    as 0: ``inf`` when E is above that level, ``nan`` when both are.
+
+    The floor is the accuracy of the quantities themselves: E and EF come from centred values and
+    Wolfe's min-norm point gives EF to ~1e-13 of the scale (a few hundred ulps), so peaked rows whose
+    E and EF are ~1e-11 of the scale keep a meaningful π (a floor of 1e-10 dropped them as NaN)."""
+    floor = PI_FLOOR * max(scale, 1e-300)
+    if ef <= floor:
+        return float("nan") if e <= floor else float("inf")
+    return e / ef
 
 
 def penalty(p: np.ndarray, V: np.ndarray, S) -> float:
-    """Forced-weight penalty ``pi(S) = E(S) / EF(S)`` (>= 1; ``nan`` when both are 0, ``inf`` when EF = 0 < E)."""
-    e = forced_error(p, V, S)
-    ef = free_weight_error(p, V, S)
-    if ef <= 1e-300:
-        return float("nan") if e <= 1e-300 else float("inf")
-    return e / ef
+    """Forced-weight penalty ``pi(S) = E(S) / EF(S)`` (>= 1; ``nan`` when both are 0, ``inf`` when
+    EF = 0 < E, 0 meaning at most the round-off floor of ``penalty_ratio``)."""
+    return penalty_ratio(forced_error(p, V, S), free_weight_error(p, V, S), penalty_scale(p, V))

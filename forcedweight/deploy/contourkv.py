@@ -69,7 +69,7 @@ def select_counts(x: np.ndarray, counts: np.ndarray) -> list[list[np.ndarray]]:
     return [[top_s(x[layer, h], int(counts[layer, h])) for h in range(x.shape[1])] for layer in range(x.shape[0])]
 
 
-def _largest_remainder(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray:
+def largest_remainder(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray:
     """Integer shares of ``total`` proportional to ``weights`` (>= 0), each <= ``caps``; water-filled
     until ``total`` is placed or every positive-weight slot is full. Ties to the lower index."""
     out = np.zeros(weights.shape[0], dtype=np.int64)
@@ -116,8 +116,8 @@ def reallocate(counts: np.ndarray, floor: np.ndarray, n: int, dropped: np.ndarra
     if not receivers.any() or beta <= 0:
         return c.reshape(np.shape(counts))
     give = np.where(donors, np.floor(beta * (c - f)).astype(np.int64), 0)
-    got = _largest_remainder(int(give.sum()), np.where(receivers, d - med, 0.0), n - c)
-    back = _largest_remainder(int(give.sum() - got.sum()), give.astype(np.float64), give)
+    got = largest_remainder(int(give.sum()), np.where(receivers, d - med, 0.0), n - c)
+    back = largest_remainder(int(give.sum() - got.sum()), give.astype(np.float64), give)
     out = c - give + back + got
     return out.reshape(np.shape(counts))
 
@@ -188,4 +188,4 @@ class ContourKVAllocator:
         return select_counts(self.floored(scores, budget), self.allocate(scores, budget, prefill=prefill, rows=rows))
 
 
-__all__ = ["BETA", "RECENT_FLOOR", "ContourKVAllocator", "reallocate", "score_dropped_mass", "select_counts", "shared_threshold"]
+__all__ = ["BETA", "RECENT_FLOOR", "ContourKVAllocator", "largest_remainder", "reallocate", "score_dropped_mass", "select_counts", "shared_threshold"]

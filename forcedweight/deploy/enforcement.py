@@ -10,8 +10,8 @@
   :func:`token_cache` keeps, per layer, a set of token positions for every head. The *union* over the
   heads of a per-head selection meets the nominal per-head count on every head but holds more
   entries than the nominal budget (unenforced); :func:`token_topk` enforces the nominal budget on
-  the same scores at token level (per layer the ``budget_layer / H_kv`` tokens of largest
-  head-maximum score).
+  the same scores at token level (``budget / H_kv`` tokens, rounded down, shared over the layers in
+  proportion to their budgets; per layer those of largest head-maximum score).
 
 Bytes are the sizes of the storages held (``ragged_cache.physical_bytes``), masks included.
 """
@@ -30,6 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.compat import attention_implementation
 from forcedweight.core.operator import top_s
+from forcedweight.deploy.contourkv import largest_remainder
 from forcedweight.deploy.ragged_cache import physical_bytes
 
 ATTENTION_NAME = "forcedweight_masked"
@@ -119,9 +120,21 @@ def token_union(keep: list[list[np.ndarray]]) -> list[np.ndarray]:
 
 
 def token_topk(scores: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
-    """Per layer the ``round(mean_h counts[layer])`` positions of largest head-maximum score
-    (``top_s``: ties to the lower index) — the nominal budget enforced at token level."""
-    return [top_s(np.max(s, axis=0), int(round(float(np.mean(counts[layer]))))) for layer, s in enumerate(scores)]
+    """Per layer the positions of largest head-maximum score (``top_s``: ties to the lower index), as
+    many tokens as the layer's share of the nominal budget: ``floor(counts.sum() / H_kv)`` tokens in
+    all, split over the layers in proportion to ``counts[layer].sum()`` by largest remainders
+    (``contourkv.largest_remainder``; no layer above its N). So ``H_kv`` × the tokens kept never
+    exceeds ``counts.sum()`` — the nominal budget enforced at token level.
+
+    Parameters
+    ----------
+    scores : per layer (H_kv, N) scores, higher = keep.
+    counts : (L, H_kv) int, the per-head counts of the selection.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    tokens = largest_remainder(int(counts.sum()) // counts.shape[1], counts.sum(axis=1).astype(np.float64),
+                               np.array([s.shape[1] for s in scores], dtype=np.int64))
+    return [top_s(np.max(s, axis=0), int(t)) for s, t in zip(scores, tokens)]
 
 
 def token_cache(prefill, tokens: list[np.ndarray]) -> DynamicCache:

@@ -164,3 +164,27 @@ def test_single_key_errors_accurate_for_a_dominant_key():
         keep = [i for i in range(6) if i != j]
         # exact rationals: relative 1e-12 is float64 round-off of a few sums
         assert e[j] == pytest.approx(_exact_error(p, V, keep), rel=1e-12)
+
+
+def test_penalty_is_undefined_on_identical_values_and_infinite_under_a_shared_offset():
+    from forcedweight.certify.record import penalties
+
+    # identical values: E = EF = 0, π undefined. EF used to be formed uncentred (X w - mu), whose
+    # 1-ulp leftover of |v| passed the floor and gave π ≈ 1e-17 on most such rows
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n, d = int(rng.integers(2, 7)), int(rng.integers(1, 5))
+        p = rng.dirichlet(np.ones(n))
+        V = np.tile(rng.normal(size=d), (n, 1))
+        S = op.top_mass_set(p, int(rng.integers(1, n)))
+        e = op.forced_error(p, V, S)
+        assert np.isnan(penalties(p, V, S, S, e, e)["pi_top"]) and np.isnan(op.penalty(p, V, S))
+    # mu inside the kept triangle (EF = 0 < E): π infinite at any offset shared by every value
+    base = np.array([[0.0, 0], [4, 0], [0, 4], [1, 1], [0.5, 0.2]])
+    q, S = np.array([0.1, 0.1, 0.1, 0.4, 0.3]), np.array([0, 1, 2])
+    for offset in (0.0, 1e3, 1e7, 1e12):
+        V = base + offset
+        e = op.forced_error(q, V, S)
+        assert e == pytest.approx(0.6090885722855, rel=1e-4)  # float64 E at offset 1e12: relative 2e-5
+        assert op.free_weight_error(q, V, S) <= op.PI_FLOOR * op.penalty_scale(q, V)
+        assert penalties(q, V, S, S, e, e)["pi_top"] == np.inf and op.penalty(q, V, S) == np.inf

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from forcedweight.core.operator import top_s
 from forcedweight.deploy.allocate import evict
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.enforcement import (dense_bytes, masked_attention, masked_storage, token_cache, token_topk,
@@ -82,3 +83,21 @@ def test_token_union_and_topk():
     assert [u.tolist() for u in token_union(keep)] == [[0, 3, 5, 7], [1, 2]]
     scores = [np.array([[0.1, 0.9, 0.2, 0.5], [0.8, 0.0, 0.3, 0.5]])]
     assert token_topk(scores, np.array([[2, 2]]))[0].tolist() == [0, 1]  # head max 0.8, 0.9, 0.3, 0.5
+
+
+def test_token_topk_never_holds_more_than_the_nominal_budget():
+    # per-layer rounding of the mean (3.5 -> 4 on both layers) held 16 entries of a budget of 14
+    scores = [np.array([[3.0, 2, 1, 0], [3, 2, 1, 0]])] * 2
+    assert [t.tolist() for t in token_topk(scores, np.array([[3, 4], [3, 4]]))] == [[0, 1, 2, 3], [0, 1, 2]]
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        L, H, N = (int(v) for v in rng.integers(1, 5, 3) * [1, 1, 5])
+        scores = [rng.random((H, N)) for _ in range(L)]
+        counts = rng.integers(0, N + 1, (L, H))
+        tokens = token_topk(scores, counts)
+        held = H * sum(len(t) for t in tokens)
+        assert counts.sum() - H < held <= counts.sum()  # floor(budget / H_kv) tokens, all placed
+        for layer, t in enumerate(tokens):
+            assert t.tolist() == top_s(scores[layer].max(axis=0), len(t)).tolist()
+            if counts[layer].sum() % H == 0 and (counts.sum(axis=1) % H == 0).all():
+                assert len(t) == counts[layer].sum() // H  # integer means: exactly each layer's mean
