@@ -108,7 +108,9 @@ def adakv_layer(x: np.ndarray, layer_budget: int, alpha: float) -> np.ndarray:
 
     Every head keeps its top ``n_safe = floor(alpha * (layer_budget // H))`` entries (at least 1 when
     ``layer_budget // H > 0`` and alpha > 0), then the rest of the layer's budget is the top scores
-    over all heads' remaining entries (ties to the lower (head, entry) index).
+    over all heads' remaining entries (ties to the lower (head, entry) index). The ``+inf`` entries
+    (sinks, recent window) rank above the protected ones, so a budget that holds every head's
+    ``+inf`` entries keeps them all, whatever the other heads' protected entries.
     """
     H, N = x.shape
     share = layer_budget // H
@@ -118,7 +120,8 @@ def adakv_layer(x: np.ndarray, layer_budget: int, alpha: float) -> np.ndarray:
     y = x.copy()
     for h in range(H):
         if n_safe:
-            y[h, top_s(x[h], n_safe)] = np.inf  # protected (kvpress: finfo.max)
+            top = top_s(x[h], n_safe)
+            y[h, top[~np.isposinf(x[h, top])]] = np.finfo(np.float64).max  # protected (as kvpress)
     kept = rank_order(y.reshape(-1))[:layer_budget]
     return np.bincount(kept // N, minlength=H).astype(np.int64)
 

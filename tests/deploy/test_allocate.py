@@ -69,6 +69,27 @@ def test_adakv_matches_kvpress_on_random_scores(ratio, alpha):
     assert len(set(counts.reshape(-1).tolist())) > 1  # the heads really differ
 
 
+def test_adakv_keeps_every_heads_floor_when_the_budget_holds_them():
+    # the protected top entries used to be +inf like the sinks / recent window, so head 0's protected
+    # entry outranked head 1's last recent entry (ties to the lower index) and the floor check failed
+    inf = np.inf
+    sc = [np.array([[0.0, 0, 0, 0], [inf, inf, inf, 0]])]
+    assert make_allocator("adakv").allocate(sc, 3).tolist() == [[0, 3]]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        L, H, N = int(rng.integers(1, 3)), int(rng.integers(2, 5)), int(rng.integers(4, 16))
+        sc = [rng.standard_normal((H, N)) for _ in range(L)]
+        for layer in range(L):
+            for h in range(H):
+                sc[layer][h, rng.choice(N, int(rng.integers(0, 4)), replace=False)] = inf  # unequal floors
+        need = floors(sc).sum(axis=1)  # each layer's +inf entries
+        budget = int(rng.integers(0, L * H * N + 1))
+        while (uniform_counts(L * H, budget).reshape(L, H).sum(axis=1) < need).any():
+            budget += 1  # the smallest budget from the draw on whose layer shares hold every floor
+        counts = make_allocator("adakv", alpha=float(rng.choice([0.2, 0.5, 1.0]))).allocate(sc, budget)
+        assert int(counts.sum()) == budget and (counts >= floors(sc)).all()
+
+
 def test_global_is_one_threshold():
     sc = _scores(seed=2)
     budget = 211
