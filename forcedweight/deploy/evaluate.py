@@ -147,12 +147,23 @@ def _check_examples(examples: list[dict], prompts: list[Prompt], methods: list[M
             if m.policy == NONE:
                 continue
             pol = policies[m.policy]
+            if getattr(pol, "selects", False):  # a sampled policy: its own target (SampledPolicy.check_ratio)
+                try:
+                    pol.check_ratio(pr.n_context, _sampled_ratio(pr.n_context, m))
+                except InputError as e:
+                    raise InputError(f"--tasks {path}: example {ex['id']}: {e}") from None
+                continue
             per_head = _total_budget(pr.n_context, 1, 1, m)
             need = min(pol.sinks + pol.recent, pr.n_context)
             if per_head < need:
                 setting = f"--compression-ratio {m.ratio}" if m.ratio is not None else f"--budget {m.budget}"
                 raise InputError(f"{setting}: example {ex['id']} keeps {per_head} entries per KV head, below "
                                  f"{m.policy}'s sinks + recent window ({need})")
+
+
+def _sampled_ratio(n_tokens: int, m: Method) -> float:
+    """The compression ratio a sampled policy draws at: ``m.ratio``, or the share a budget evicts."""
+    return m.ratio if m.budget is None else 1.0 - min(round(m.budget), n_tokens) / n_tokens
 
 
 def _total_budget(n_tokens: int, n_layers: int, n_kv_heads: int, m: Method) -> int:
@@ -182,8 +193,7 @@ def run_example(model, tokenizer, ex: dict, prompt: Prompt, methods: list[Method
         scoring_s = evict_s = 0.0
         if m.policy != NONE and getattr(policies[m.policy], "selects", False):  # own kept set + bias (sampled)
             t = time.perf_counter()
-            r = m.ratio if m.budget is None else 1.0 - min(round(m.budget), n) / n
-            keep, bias, _ = policies[m.policy].select(prefill, r, seed)
+            keep, bias, _ = policies[m.policy].select(prefill, _sampled_ratio(n, m), seed)
             for layer in range(prefill.n_layers):
                 cache.evict(layer, keep[layer], None if bias is None else bias[layer])
             evict_s = time.perf_counter() - t

@@ -14,11 +14,12 @@ import torch
 
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate import evaluate
+from forcedweight.deploy.evaluate_protocol import prompt_ids
 from forcedweight.deploy.policies import POLICIES, make_policy
 from forcedweight.deploy.policies.sampled import SAMPLED_PROPOSALS
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.robustness import method_label, win_scores
-from forcedweight.deploy.tasks import continuation, make_tasks, write_tasks
+from forcedweight.deploy.tasks import continuation, make_tasks, read_tasks, write_tasks
 from forcedweight.errors import InputError
 from forcedweight.models import LoadedModel, byte_tokenizer, tiny_llama
 from forcedweight.probabilistic import expected_unique, global_sample_count, two_interval_output
@@ -51,6 +52,31 @@ def test_registry_has_every_proposal():
         make_policy("sampled-h2o", tau=0)
     with pytest.raises(InputError, match="scope"):
         make_policy("sampled-h2o", scope="head")
+
+
+def test_a_ratio_the_sinks_and_recent_window_swallow_is_refused_before_any_work(prefill, tmp_path):
+    pol = make_policy("sampled-uniform", sinks=2, recent=2)
+    assert pol.check_ratio(8, 0.0) is None and pol.check_ratio(4, 0.5) is None  # r = 0, or every entry forced
+    assert pol.check_ratio(8, 0.25) == 2.0 and pol.check_ratio(8, 0.4) == pytest.approx(0.8)  # 6 / 4.8 kept
+    for r in (0.5, 0.45):  # 4.0 and 4.4 kept: under half an entry beyond the forced 4
+        with pytest.raises(InputError, match="sinks \\+ recent window \\(4\\)"):
+            pol.check_ratio(8, r)
+    with pytest.raises(InputError, match="compression ratio 0.5 keeps"):  # select raises the same
+        make_policy("sampled-uniform", sinks=N_CTX // 2, recent=0).select(prefill, 0.5)
+    for bad in ({"floor": -1.0}, {"floor": math.nan}, {"min_mass": 1.5}):  # at construction, not mid-run
+        with pytest.raises(InputError, match=next(iter(bad))):
+            make_policy("sampled-minh", **bad)
+    # evaluate checks every example before it creates anything (the top-k policy's budget check passes)
+    tok = byte_tokenizer(WINDOW)
+    tasks = write_tasks([continuation(8, tok, 0, 0, continuation_tokens=4)], tmp_path / "tasks.jsonl")
+    lm = LoadedModel(tiny_llama(0, layers=1, heads=2, kv_heads=1, max_positions=WINDOW), tok, "tiny", "python")
+    n = prompt_ids(tok, read_tasks(tasks)[0], False).n_context
+    r = 1 - 4.3 / n  # keeps 4.3 entries: int(4.3) = 4 = sinks + recent, 0.3 drawn beyond them
+    opts = {"sampled-uniform": dict(sinks=2, recent=2)}
+    with pytest.raises(InputError, match="example .*sampled-uniform.*keeps 4.3 of"):
+        evaluate(lm, tasks, tmp_path / "out", ["sampled-uniform"], compression_ratios=[r], policy_options=opts,
+                 progress=False, report=False, quiet=True)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name", ["sampled-h2o", "sampled-snapkv", "sampled-knorm", "sampled-streaming",

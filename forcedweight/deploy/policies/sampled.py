@@ -99,6 +99,10 @@ class _ProposalMixin:
             raise InputError(f"policy {self.name}: mix must lie in [0, 1], got {mix!r}")
         if int(window) < 1 or int(kernel) < 1:
             raise InputError(f"policy {self.name}: window and kernel must be >= 1, got {window}, {kernel}")
+        if not (np.isfinite(float(floor)) and float(floor) >= 0):
+            raise InputError(f"policy {self.name}: floor must be finite and >= 0, got {floor!r}")
+        if not 0.0 <= float(min_mass) <= 1.0:
+            raise InputError(f"policy {self.name}: min_mass must lie in [0, 1], got {min_mass!r}")
         self.temperature, self.mix = float(temperature), float(mix)
         self.window, self.kernel, self.floor, self.min_mass = int(window), int(kernel), float(floor), float(min_mass)
         self._memo: tuple | None = None  # (prefill, ratio key, proposals)
@@ -167,6 +171,23 @@ class SampledPolicy(_ProposalMixin, Policy):
         """The proposals (a sampled policy evicts through :meth:`select`; this is for inspection)."""
         return self.proposals(prefill, compression_ratio)
 
+    def check_ratio(self, n: int, compression_ratio: float) -> float | None:
+        """The target of unique draws outside the sinks / recent window for ``n`` entries at ratio r,
+        ``(1 - r) n - n_forced``; None when nothing is evicted (r = 0, or the target covers every other
+        entry). InputError when r is outside [0, 1) or the target is below half an entry (the sinks and
+        recent window hold about all that ratio keeps). ``evaluate`` calls it before any work."""
+        r = float(compression_ratio)
+        if not 0.0 <= r < 1.0:
+            raise InputError(f"policy {self.name}: compression ratio {r} outside [0, 1)")
+        n_forced = int(np.isinf(pad_kept(np.zeros(n), self.sinks, self.recent)).sum())
+        j_star = (1.0 - r) * n - n_forced
+        if r == 0.0 or n_forced == n or j_star >= n - n_forced:
+            return None
+        if j_star < 0.5:
+            raise InputError(f"policy {self.name}: compression ratio {r} keeps {(1 - r) * n:.1f} of {n} entries, "
+                             f"less than half an entry beyond the sinks + recent window ({n_forced})")
+        return j_star
+
     def select(self, prefill, compression_ratio: float, seed: int | None = None):
         """Draw the kept set and the bias of every (layer, KV head).
 
@@ -187,23 +208,18 @@ class SampledPolicy(_ProposalMixin, Policy):
             sinks / recent window, renormalised) and ``expected_ratio`` (per layer, of all N).
         """
         r = float(compression_ratio)
-        if not 0.0 <= r < 1.0:
-            raise InputError(f"policy {self.name}: compression ratio {r} outside [0, 1)")
+        n, L, H = prefill.n_tokens, prefill.n_layers, prefill.n_kv_heads
+        j_star = self.check_ratio(n, r)
         seed = self.seed if seed is None else int(seed)
         pis = self.proposals(prefill, r)
-        n, L, H = prefill.n_tokens, prefill.n_layers, prefill.n_kv_heads
         # sinks / recent window: kept exactly (bias 0, like the post-eviction interval); the rest is
         # drawn from pi restricted to it, with the target of unique draws reduced by the forced ones
         forced = np.isinf(pad_kept(np.zeros(n), self.sinks, self.recent))
         rest = np.flatnonzero(~forced)
         n_forced = n - rest.size
-        j_star = (1.0 - r) * n - n_forced
-        if r == 0.0 or rest.size == 0 or j_star >= rest.size:  # nothing to evict: the exact cache
+        if j_star is None:  # nothing to evict: the exact cache
             keep = [[np.arange(n, dtype=np.int64) for _ in range(H)] for _ in range(L)]
             return keep, None, {"m": [0] * L, "counts": None, "pi": pis, "expected_ratio": [0.0] * L}
-        if j_star < 0.5:
-            raise InputError(f"policy {self.name}: compression ratio {r} keeps {(1 - r) * n:.1f} of {n} entries, "
-                             f"not more than the sinks + recent window ({n_forced})")
         r_rest = 1.0 - j_star / rest.size
         sub = [[pi[rest] / pi[rest].sum() for pi in layer] for layer in pis]
         if self.scope == "model":
