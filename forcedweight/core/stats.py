@@ -60,6 +60,14 @@ def _finite(x) -> tuple[np.ndarray, int]:
     return x[keep], int(x.size - keep.sum())
 
 
+def _check_resampling(n_boot, level) -> None:
+    """ValueError naming the argument unless ``n_boot`` is a positive integer and ``level`` in (0, 1)."""
+    if int(n_boot) != n_boot or int(n_boot) < 1:
+        raise ValueError(f"n_boot={n_boot!r} must be a positive integer")
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level={level!r} outside (0, 1)")
+
+
 def bootstrap_batch(n: int, n_boot: int) -> int:
     """Resamples per batch for a sample of size ``n`` (a batch holds at most 2e6 draws, or one resample)."""
     return int(max(1, min(n_boot, BOOTSTRAP_BATCH_ELEMENTS // max(n, 1))))
@@ -102,6 +110,7 @@ def bootstrap_median_ci(x, n_boot: int = 2000, seed: int = 0, level: float = 0.9
     MedianCI(median, lo, hi, n, note); ``nan`` values with a note when fewer than 2 finite
     values (no interval) or none at all (no median).
     """
+    _check_resampling(n_boot, level)
     v, dropped = _finite(x)
     n = v.size
     notes = [f"{dropped} non-finite value(s) dropped"] if dropped else []
@@ -135,6 +144,7 @@ def cluster_bootstrap_median_ci(x, clusters, n_boot: int = 2000, seed: int = 0, 
     rows of the drawn clusters. ``x`` and ``clusters`` of shape (n,); non-finite ``x`` dropped.
     Fewer than ``MIN_BOOTSTRAP`` clusters: NaN interval with a note.
     """
+    _check_resampling(n_boot, level)
     x = np.asarray(x, dtype=np.float64).ravel()
     labels = np.asarray(clusters).ravel()
     if labels.shape != x.shape:
@@ -169,6 +179,10 @@ def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     Same as ``scipy.stats.binomtest(k, n).proportion_ci(level, method="wilson")``;
     ``(nan, nan)`` when ``n = 0``.
     """
+    if int(k) != k or int(n) != n:
+        raise ValueError(f"k={k} and n={n} must be integers")
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level={level!r} outside (0, 1)")
     k, n = int(k), int(n)
     if n <= 0:
         return (np.nan, np.nan)
@@ -179,7 +193,8 @@ def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     denom = 1.0 + z * z / n
     centre = (phat + z * z / (2 * n)) / denom
     half = z * np.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # exact ends at k = 0 and k = n (the formula leaves a rounding residue of ~1e-17 there)
+    return (0.0 if k == 0 else max(0.0, centre - half), 1.0 if k == n else min(1.0, centre + half))
 
 
 def wilson_median_rank(n: int, level: float = 0.95) -> int | None:
@@ -426,6 +441,9 @@ def paired_comparison(a, b, higher_is_better: bool = True, n_boot: int = 2000, s
     ``scipy.stats.binomtest(wins, wins + losses, 0.5)`` (p = 1 when every pair ties); the interval
     resamples the items with replacement ``n_boot`` times (seeded).
     """
+    _check_resampling(n_boot, level)
+    if not float(tie_tol) >= 0.0:
+        raise ValueError(f"tie_tol={tie_tol!r} must be >= 0")
     a = np.asarray(a, dtype=np.float64).ravel()
     b = np.asarray(b, dtype=np.float64).ravel()
     if a.shape != b.shape:

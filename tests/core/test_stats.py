@@ -69,8 +69,16 @@ def test_wilson_matches_binomtest(k, n, level):
 
 def test_wilson_empty_and_bad():
     assert all(np.isnan(st.wilson_interval(0, 0)))
-    with pytest.raises(ValueError):
-        st.wilson_interval(5, 3)
+    for args in ((5, 3), (2.7, 10), (2, 10, 1.5), (2, 10, np.nan), (2, 10, 0.0)):
+        with pytest.raises(ValueError):
+            st.wilson_interval(*args)
+    for call in (lambda: st.bootstrap_median_ci([1.0, 2, 3], n_boot=0), lambda: st.bootstrap_median_ci([1.0, 2], level=1),
+                 lambda: st.cluster_bootstrap_median_ci([1.0, 2], [0, 1], n_boot=2.5),
+                 lambda: st.paired_comparison([1.0, 2], [2.0, 1], tie_tol=-1), lambda: st.paired_comparison([1.0], [2.0], n_boot=0)):
+        with pytest.raises(ValueError):  # bad arguments of the resampling (tie_tol < 0 gave ties = -n)
+            call()
+    for n in range(1, 200):  # exact ends, as scipy's: 0 at k = 0, 1 at k = n (was ~1e-17 off on some n)
+        assert st.wilson_interval(0, n)[0] == 0.0 and st.wilson_interval(n, n)[1] == 1.0
 
 
 @pytest.mark.parametrize("n,seed", [(3, 4), (4, 0), (9, 1), (60, 2), (301, 3)])
