@@ -100,11 +100,16 @@ def corrected_output(
     idx = np.asarray(kept, dtype=np.int64)
     if v.ndim != 2 or v.shape[0] != s.shape[-1]:
         raise InputError(f"values: expected ({s.shape[-1]}, d), got shape {v.shape}")
+    n = s.shape[-1]
+    if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= n)) or np.unique(idx).size != idx.size:
+        raise InputError(f"kept: expected distinct indices in [0, {n}) of shape (k,), got {np.asarray(kept)!r}")
     z = s[..., idx]
     if bias is not None:
         b = np.asarray(bias, dtype=np.float64)
         if b.shape != idx.shape:
             raise InputError(f"bias: expected shape {idx.shape}, got {b.shape}")
+        if not np.isfinite(b).all():
+            raise InputError("bias: every entry must be finite")
         z = z + b
     vals = v[idx]
     if post_logits is not None:
@@ -114,6 +119,8 @@ def corrected_output(
             raise InputError(f"post_values: expected ({ps.shape[-1]}, {v.shape[1]}), got {pv.shape}")
         z = np.concatenate(_cat(z, ps), axis=-1)
         vals = np.concatenate([vals, pv], axis=0)
+    if z.shape[-1] == 0:
+        raise InputError("nothing to attend to: no kept and no post-eviction entries")
     mx = np.max(z, axis=-1, keepdims=True)
     if np.any(np.isneginf(mx)):
         raise InputError("a query row has no visible entry (all logits -inf)")

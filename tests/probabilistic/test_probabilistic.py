@@ -66,6 +66,14 @@ def test_uncorrected_is_renormalisation_and_full_keep_is_dense():
     p = np.exp(np.concatenate([logits[0], post[0]]))
     dense = (p / p.sum()) @ np.vstack([V, Vp])
     np.testing.assert_allclose(corrected_output(logits[0], V, all_, np.zeros(12), post[0], Vp), dense, atol=1e-13)
+    # a kept set that wraps (-1), repeats an entry or leaves the row, a non-finite bias, nothing to attend to
+    for bad, match in (((np.array([0, -1]), None), "kept"), ((np.array([3, 3]), None), "kept"),
+                       ((np.array([12]), None), "kept"), ((kept, np.array([0.0, np.nan, 0])), "bias"),
+                       ((kept, np.array([0.0, np.inf, 0])), "bias")):
+        with pytest.raises(InputError, match=match):
+            corrected_output(logits[0], V, bad[0], bad[1], post[0], Vp)
+    with pytest.raises(InputError, match="nothing to attend to"):
+        corrected_output(logits[0], V, np.array([], dtype=np.int64), None)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float64, 1e-12)])
