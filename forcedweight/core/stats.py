@@ -382,7 +382,9 @@ def substitution_sensitivity(es_top, es_balance, es_pool, es_best) -> dict[str, 
 
     Returns medians of the closable share and of the balancing recovery under ``ES* = es_pool``
     and ``ES* = es_best``, the difference of the medians, and the median and maximum of the
-    paired per-row differences of kappa. Rows with a non-finite input are dropped.
+    paired per-row differences of kappa. Rows with a non-finite ``es_top``, ``es_pool`` or ``es_best``
+    are dropped; a non-finite ``es_balance`` (or recovery, NaN where ES* = es_top) leaves the row out
+    of the recovery medians only.
     """
     top, bal, pool, best = (np.asarray(a, dtype=np.float64) for a in (es_top, es_balance, es_pool, es_best))
     keep = np.isfinite(top) & np.isfinite(pool) & np.isfinite(best)
