@@ -196,10 +196,12 @@ def _padded(qs, k, v, bias, st, ln, acc, feats=(None, None)):
     pos = torch.arange(lmax, device=dev)
     valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
     flat = torch.where(valid, starts[:, None] + pos[None, :], 0).reshape(-1)
-    kk = k.index_select(0, flat).view(S, lmax, -1)
-    vv = v.index_select(0, flat).view(S, lmax, -1)
+    # the padding gathers row 0, which may be spare capacity (uninitialised: NaN): zeroed, so rows
+    # outside every segment never reach the softmax
+    kk = k.index_select(0, flat).view(S, lmax, -1).masked_fill(~valid[..., None], 0)
+    vv = v.index_select(0, flat).view(S, lmax, -1).masked_fill(~valid[..., None], 0)
     pad = torch.zeros(S, lmax, dtype=acc, device=dev).masked_fill_(~valid, -math.inf)
-    bb = pad if bias is None else pad + bias.to(acc).index_select(0, flat).view(S, lmax)
+    bb = pad if bias is None else torch.where(valid, bias.to(acc).index_select(0, flat).view(S, lmax), pad)
     return _attend(qs, kk, vv, bb, acc, masked=True, feats=feats)
 
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from forcedweight.errors import InputError
+
 
 @triton.jit
 def _split_kernel(
@@ -144,6 +146,24 @@ def _merge_kernel(
 
 
 _DTYPE_SIG = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: the least tile width of a ``tl.dot`` operand dimension: a GPU build refuses K < 16 (the interpreter
+#: does not), so head dims below 16 are padded (masked loads) and ``block_n`` is at least this
+MIN_TILE = 16
+
+
+def _tile(n: int) -> int:
+    """The tile width for a dimension of n entries (the head dim D or DV): a power of two >= ``MIN_TILE``."""
+    return max(MIN_TILE, triton.next_power_of_2(n))
+
+
+def check_launch(num_splits=None, block_n=None) -> None:
+    """InputError naming the launch option unless ``num_splits`` is an integer >= 1 and ``block_n`` a
+    power of two >= ``MIN_TILE`` (None: the kernel chooses)."""
+    if num_splits is not None and (int(num_splits) != num_splits or int(num_splits) < 1):
+        raise InputError(f"num_splits must be an integer >= 1, got {num_splits!r}")
+    if block_n is not None and (int(block_n) != block_n or int(block_n) < MIN_TILE
+                                or int(block_n) & (int(block_n) - 1)):
+        raise InputError(f"block_n must be a power of two >= {MIN_TILE}, got {block_n!r}")
 
 
 def compile_ahead(arch: int = 90, dtype=torch.bfloat16, G: int = 4, D: int = 128, DV: int = 128,
@@ -161,17 +181,18 @@ def compile_ahead(arch: int = 90, dtype=torch.bfloat16, G: int = 4, D: int = 128
         raise RuntimeError("compile_ahead needs TRITON_INTERPRET unset (the kernels are interpreted functions)")
     target = GPUTarget("cuda", arch, 32)
     t = _DTYPE_SIG[dtype]
-    g_pad = max(16, triton.next_power_of_2(G))
+    g_pad = _tile(G)
     split_sig = {"Q": "*" + t, "K": "*" + t, "V": "*" + t, "Bias": "*fp32", "Starts": "*i64", "Lengths": "*i64", "OutP": "*fp32",
                  "LseP": "*fp32", "sm_scale": "fp32", "softcap": "fp32", "num_splits": "i32", "stride_k": "i64",
                  "stride_v": "i64"}
-    split_const = {"G": G, "G_PAD": g_pad, "D": D, "BLOCK_D": triton.next_power_of_2(D), "DV": DV,
-                   "BLOCK_DV": triton.next_power_of_2(DV), "BLOCK_N": block_n, "HAS_BIAS": has_bias,
+    check_launch(block_n=block_n)
+    split_const = {"G": G, "G_PAD": g_pad, "D": D, "BLOCK_D": _tile(D), "DV": DV,
+                   "BLOCK_DV": _tile(DV), "BLOCK_N": block_n, "HAS_BIAS": has_bias,
                    "LOW_PRECISION": dtype != torch.float32, "DOT_FP32": False, "HAS_SOFTCAP": has_softcap}
     split_sig.update({name: "constexpr" for name in split_const})
     merge_sig = {"OutP": "*fp32", "LseP": "*fp32", "Out": "*" + t, "Lse": "*fp32", "Sinks": "*fp32",
                  "num_splits": "i32", "HQ": "i32"}
-    merge_const = {"G": G, "G_PAD": g_pad, "DV": DV, "BLOCK_DV": triton.next_power_of_2(DV), "HAS_SINKS": has_sinks}
+    merge_const = {"G": G, "G_PAD": g_pad, "DV": DV, "BLOCK_DV": _tile(DV), "HAS_SINKS": has_sinks}
     merge_sig.update({name: "constexpr" for name in merge_const})
     out = {}
     for name, fn, sig, const in (("split", _split_kernel, split_sig, split_const),
@@ -204,6 +225,7 @@ def segment_decode_triton(q, k, v, starts, lengths, bias=None, sm_scale=None, nu
     override the launch choice; ``max_len`` (longest segment, if the caller knows it) avoids reading
     ``lengths`` on the host (a device sync on CUDA). ``softcap`` (float) and ``sinks`` ([Hq]) as
     :func:`forcedweight.kernels.ragged_decode`."""
+    check_launch(num_splits, block_n)
     B, Hq, D = q.shape
     S = starts.numel()
     G = Hq // (S // B)
@@ -222,7 +244,8 @@ def segment_decode_triton(q, k, v, starts, lengths, bias=None, sm_scale=None, nu
         if max_len is None:
             max_len = int(lengths.max()) if S > 0 else 0
         num_splits = choose_num_splits(S, max_len, block_n, q.device)
-    g_pad = max(16, triton.next_power_of_2(G))
+    num_splits = int(num_splits)
+    g_pad = _tile(G)
     out_p = torch.empty(S * num_splits * G, DV, dtype=torch.float32, device=q.device)
     lse_p = torch.empty(S * num_splits * G, dtype=torch.float32, device=q.device)
     out = torch.empty(B, Hq, DV, dtype=q.dtype, device=q.device)
@@ -233,14 +256,14 @@ def segment_decode_triton(q, k, v, starts, lengths, bias=None, sm_scale=None, nu
     _split_kernel[(S, num_splits)](
         q, k, v, bias_t, starts, lengths, out_p, lse_p,
         scale, 1.0 if softcap is None else float(softcap), num_splits, k.stride(0), v.stride(0),
-        G=G, G_PAD=g_pad, D=D, BLOCK_D=triton.next_power_of_2(D),
-        DV=DV, BLOCK_DV=triton.next_power_of_2(DV), BLOCK_N=block_n,
+        G=G, G_PAD=g_pad, D=D, BLOCK_D=_tile(D),
+        DV=DV, BLOCK_DV=_tile(DV), BLOCK_N=int(block_n),
         HAS_BIAS=has_bias, LOW_PRECISION=q.dtype != torch.float32,
         DOT_FP32=q.dtype == torch.bfloat16 and _interpreting(), HAS_SOFTCAP=softcap is not None,
     )
     _merge_kernel[(S,)](
         out_p, lse_p, out, lse, sinks_t, num_splits, Hq,
-        G=G, G_PAD=g_pad, DV=DV, BLOCK_DV=triton.next_power_of_2(DV), HAS_SINKS=sinks is not None,
+        G=G, G_PAD=g_pad, DV=DV, BLOCK_DV=_tile(DV), HAS_SINKS=sinks is not None,
     )
     return out, lse
 

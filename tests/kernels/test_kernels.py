@@ -64,6 +64,22 @@ def test_triton_fp32_against_reference(G, D, with_bias):
     check(out, lse, q, k, v, indptr, bias, torch.float32)
 
 
+@pytest.mark.parametrize("D,Dv", [(8, 8), (4, 12), (24, 8)])
+def test_triton_small_head_dims_against_reference(D, Dv):
+    # head dims below 16: tiles padded to 16 (a GPU build refuses a tl.dot K < 16; the interpreter does not)
+    q, k, v, indptr, bias = make_case(LENGTHS, 2, 3, D, Dv, with_bias=True, seed=D + Dv)
+    out, lse = ragged_decode(q, k, v, indptr, bias, backend="triton", block_n=16, num_splits=2)
+    check(out, lse, q, k, v, indptr, bias, torch.float32)
+
+
+def test_triton_launch_options_checked():
+    q, k, v, indptr, _ = make_case([5, 3], 1, 1, 16)
+    for opts, name in (({"num_splits": 0}, "num_splits"), ({"num_splits": -1}, "num_splits"),
+                       ({"block_n": 0}, "block_n"), ({"block_n": 24}, "block_n"), ({"block_n": 8}, "block_n")):
+        with pytest.raises(InputError, match=name):  # num_splits = 0 returned zeros with lse -inf
+            ragged_decode(q, k, v, indptr, backend="triton", **opts)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("G,D,with_bias", [(3, 64, True), (8, 128, False), (1, 128, True)])
 def test_triton_half_precision_against_reference(dtype, G, D, with_bias):
@@ -176,6 +192,24 @@ def test_segment_decode_torch_cross_check_methods(with_bias):
     check(out, lse, q, k, v, indptr, bias, torch.float32, ref)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rows_outside_every_segment_are_never_read(with_bias):
+    # spare capacity holds NaN (the cache allocates with new_empty); row 0 among it: the padded method
+    # gathered row 0 for its padding and gave out 0, lse -inf on segments shorter than the longest
+    (q, k, v, starts, lens, bias), (pk, pv, indptr, pb) = make_segments(
+        SEG_LENGTHS, 2, 3, 16, with_bias=with_bias, seed=22)
+    pad = 3
+    k, v = (torch.cat([torch.full((pad, t.shape[1]), float("nan")), t]) for t in (k, v))
+    bias = None if bias is None else torch.cat([torch.full((pad,), float("nan")), bias])
+    starts = starts + pad
+    ref = ragged_decode_reference(q, pk, pv, indptr, pb)
+    for method in ("auto", "padded", "scatter"):
+        out, lse = segment_decode_torch(q, k, v, starts, lens, bias, method=method, chunk=19)
+        check(out, lse, q, k, v, indptr, bias, torch.float32, ref)
+    out, lse = segment_decode(q, k, v, starts, lens, bias, backend="triton", block_n=16)
+    check(out, lse, q, k, v, indptr, bias, torch.float32, ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("uniform", [False, True])
 def test_segment_decode_output_only_fused_path(dtype, uniform):
@@ -277,8 +311,9 @@ def test_triton_kernels_compile_for_sm90(tmp_path):
     code = (
         "import torch; from forcedweight.kernels.triton_decode import compile_ahead\n"
         "for dt in (torch.float32, torch.bfloat16):\n"
-        "    r = compile_ahead(90, dt, G=3, D=64, DV=64)\n"
-        "    assert r['split'][-1] == 'cubin' and r['merge'][-1] == 'cubin', r\n"
+        "    for G, D, DV, bn in ((3, 64, 64, 64), (1, 8, 8, 16)):  # head dims below 16: padded tiles\n"
+        "        r = compile_ahead(90, dt, G=G, D=D, DV=DV, block_n=bn)\n"
+        "        assert r['split'][-1] == 'cubin' and r['merge'][-1] == 'cubin', r\n"
         "print('ok')"
     )
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"}
