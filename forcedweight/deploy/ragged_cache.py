@@ -185,13 +185,19 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
 
         Returns ``(view, view)`` with ``view`` a :class:`RaggedKV` of the layer after the append.
         """
+        if key_states.dim() != 4 or value_states.dim() != 4 or key_states.shape[:3] != value_states.shape[:3]:
+            raise InputError(f"RaggedKVCache: update needs key and value states [B, Hkv, L, D] / [B, Hkv, L, Dv] "
+                             f"alike, got {tuple(key_states.shape)} and {tuple(value_states.shape)}")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         B, Hkv, L, D = key_states.shape
         if (B, Hkv) != (self.batch, self.kv_heads):
-            raise ValueError(
+            raise InputError(
                 f"RaggedKVCache: update with batch/heads {(B, Hkv)}, cache holds {(self.batch, self.kv_heads)}"
             )
+        if (D, value_states.shape[-1]) != (self.k.shape[1], self.v.shape[1]):
+            raise InputError(f"RaggedKVCache: update with head dims {(D, value_states.shape[-1])}, cache holds "
+                             f"{(self.k.shape[1], self.v.shape[1])}")
         if self.pos is not None:
             self.trim(self.seen)  # the first new query (at position seen) sees positions > seen - W only
         if L > self.room:
@@ -392,7 +398,10 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
         bias_list = None if bias is None else _as_list(bias, self.batch, self.kv_heads, "bias")
         src, kept_bias, counts = [], [], []
         for s in range(S):
-            idx = torch.as_tensor(keep_list[s]).to(device=self.device, dtype=torch.int64).reshape(-1)
+            idx = torch.as_tensor(keep_list[s])
+            if idx.numel() and (idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool):
+                raise InputError(f"evict: segment {s}: keep must hold integer indices, got {idx.dtype}")
+            idx = idx.to(device=self.device, dtype=torch.int64).reshape(-1)
             idx, order = torch.sort(idx)
             n = self.lengths_h[s]
             if idx.numel() and (int(idx[0]) < 0 or int(idx[-1]) >= n):
@@ -405,6 +414,8 @@ class RaggedLayer(CacheLayerBase):  # CacheLayerMixin with the 4.57..newest glue
                 b = torch.as_tensor(bias_list[s]).to(device=self.device, dtype=torch.float32).reshape(-1)
                 if b.numel() != idx.numel():
                     raise InputError(f"evict: segment {s}: bias has {b.numel()} entries, keep has {idx.numel()}")
+                if bool(torch.isnan(b).any() or torch.isposinf(b).any()):
+                    raise InputError(f"evict: segment {s}: bias holds NaN or +inf")
                 kept_bias.append(b[order])
         spare = math.floor(self.growth * sum(counts) / max(S, 1))
         if bias_list is not None and self.bias is None:

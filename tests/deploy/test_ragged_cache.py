@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -183,6 +184,30 @@ def test_evict_bad_keep_is_rejected():
         rc.evict(5, [torch.tensor([1]), torch.tensor([1])])
     with pytest.raises(InputError, match="bias has"):
         rc.evict(0, [torch.tensor([1]), torch.tensor([1])], bias=[torch.zeros(2), torch.zeros(1)])
+    # a float index was truncated ([0.9, 2.7] kept 0 and 2) and a bool mask read as indices 0 / 1
+    for bad in ([torch.tensor([0.9, 2.7]), torch.tensor([1])], [torch.tensor([False, True]), torch.tensor([1])]):
+        with pytest.raises(InputError, match="integer indices"):
+            rc.evict(0, bad)
+    with pytest.raises(InputError, match="NaN or \\+inf"):
+        rc.evict(0, [torch.tensor([1]), torch.tensor([1])], bias=[torch.tensor([np.nan]), torch.zeros(1)])
+    assert rc.layers[0].lengths_h == [8, 8]  # nothing refused touched the layer
+
+
+def test_update_with_mismatched_states_is_rejected():
+    # on a uniform (never evicted) layer the strided copy broadcast them: one V row written 3 times
+    c = RaggedKVCache()
+    k = torch.zeros(1, 2, 6, 2)
+    c.update(k, k.clone(), 0)
+    for key, value, match in ((torch.ones(1, 2, 3, 2), torch.ones(1, 2, 1, 2), "alike"),
+                              (torch.ones(1, 2, 3, 1), torch.ones(1, 2, 3, 2), "head dims"),
+                              (torch.ones(1, 2, 3, 2), torch.ones(1, 1, 3, 2), "alike"),
+                              (torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2), "batch/heads"),
+                              (torch.ones(2, 3, 2), torch.ones(2, 3, 2), "alike")):
+        with pytest.raises(InputError, match=match):
+            c.update(key, value, 0)
+    assert c.layers[0].lengths_h == [6, 6] and bool((c.layers[0].segment(0, 0)[1] == 0).all())
+    c.evict(0, [torch.tensor([], dtype=torch.int64), []])  # an empty keep, as a tensor or a list
+    assert c.layers[0].lengths_h == [0, 0]
 
 
 def test_memory_audit_masked_holds_full_cache():
