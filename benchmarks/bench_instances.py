@@ -60,6 +60,8 @@ def main(argv=None):
     ap.add_argument("--count", type=int, default=3, help="instances per m (kinds round-robin)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bits", type=int, default=None, help="bits per integer (default: the generator's)")
+    ap.add_argument("--any-total", action="store_true",
+                    help="odd-total no-instances allowed (the generator's even_total=False; needed with few --bits)")
     ap.add_argument("--time-limit", type=float, default=2.0, help="seconds per instance and solver")
     ap.add_argument("--max-subsets", type=float, default=2e8, help="enumeration cap on C(m, m/2)")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers")
@@ -95,7 +97,7 @@ def main(argv=None):
     header = "| m | bits | solver | proved | timeouts | median s | × mitm | agree |"
     lines = [header, "|---|---|---|---|---|---|---|---|"]
     for m in args.m:
-        insts = generate(m, args.count, args.seed, bits=args.bits)
+        insts = generate(m, args.count, args.seed, bits=args.bits, even_total=not args.any_total)
         results = {name: [] for name in ["proof", *solvers]}
         for inst in insts:
             row = partition_row(inst)

@@ -29,9 +29,9 @@ from forcedweight.instances.partition import (
     KINDS,
     PARTITION_FIELDS,
     _manifest,
-    check_parameters,
+    check_request,
     generate,
-    instance_kinds,
+    instance_targets,
     partition_row,
     rows_table,
     write_instances,
@@ -70,8 +70,8 @@ def write_kveviction(out_dir: str | Path, m: int, count: int, seed: int, bits: i
                      kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> Path:
     """Generate and write ``out_dir/kveviction-m{m}.parquet`` plus a JSON manifest beside it
     (``even_total``: see ``partition.make_instance``)."""
-    kinds = instance_kinds(kinds)
-    bits = check_parameters(m, bits)
+    bits, kinds, seed = check_request(m, count, seed, bits, kinds, even_total)
+    instance_targets(out_dir, f"kveviction-m{m}")  # before any work
     rows = [kveviction_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
     manifest = _manifest("partition-to-kveviction (paper 000)", m, count, seed, bits, kinds, rows)
     manifest.update(even_total=bool(even_total), d=1, r=RATIO, epsilon=EPSILON,

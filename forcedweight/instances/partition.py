@@ -34,7 +34,8 @@ import pyarrow as pa
 from forcedweight.core import operator
 from forcedweight.instances.proofs import MAX_M, prove_balanced, verify_witness
 from forcedweight.errors import InputError
-from forcedweight.io import atomic_path, check_output_dir, progress as progress_bar, write_table_atomic
+from forcedweight.io import (atomic_path, check_output_dir, check_output_file, progress as progress_bar,
+                             write_table_atomic)
 
 KINDS = ("yes", "no", "near_miss")
 MAX_DRAWS = 10_000
@@ -73,12 +74,19 @@ def check_parameters(m: int, bits: int | None) -> int:
     bits = default_bits(m) if bits is None else int(bits)
     if bits < 2:
         raise InputError(f"--bits must be >= 2, got {bits}")
-    if m * 2.0**bits >= 2.0**53:
+    if bits >= 53 or m * 2.0**bits >= 2.0**53:
         raise InputError(f"--bits {bits} with --m {m}: sums reach 2**53, not exact in float64")
     if rounding_bound(m, bits) >= 1.0 / m:
         raise InputError(f"--bits {bits} with --m {m}: the float64 rounding bound {rounding_bound(m, bits):.3g} "
                          f"reaches the smallest gap 1/m = {1.0 / m:.3g}; use --bits {honest_bits(m)} or fewer")
     return bits
+
+
+def check_seed(seed) -> int:
+    """The seed as an int in [0, 2**63) (``SeedSequence`` and the int64 ``seed`` column); InputError otherwise."""
+    if int(seed) != seed or not 0 <= int(seed) < 2**63:
+        raise InputError(f"--seed must be an integer in [0, 2**63), got {seed!r}")
+    return int(seed)
 
 
 def _plant_yes(m: int, bits: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -147,6 +155,8 @@ def make_instance(kind: str, m: int, bits: int, rng: np.random.Generator, even_t
             delta = int(rng.choice([-2, 2] if even_total else [-2, -1, 1, 2]))
             if not 1 <= a[j] + delta < 2**bits:
                 delta = -delta
+            if not 1 <= a[j] + delta < 2**bits:  # (bits = 2, a_j = 2: both of ±2 leave [1, 4)) redraw
+                continue
             a[j] += delta
         proof = prove_balanced(a)
         if proof.exists:
@@ -170,16 +180,43 @@ def instance_kinds(kinds: Iterable[str] | str) -> tuple[str, ...]:
     return kinds
 
 
+def expected_equal_splits(m: int, bits: int) -> float:
+    """About how many of the ``C(m, m/2) / 2`` balanced splits of a random draw (uniform ``bits``-bit
+    integers, even total) split it evenly: their imbalances ``2 sum_S a - T`` are about normal with
+    standard deviation ``sigma = 2**bits sqrt(m / 12)`` on even values, so each is 0 with probability
+    about ``2 / (sqrt(2 pi) sigma)``. A draw is a no-instance with probability about ``exp(-lambda)``
+    (about 0.8 at m = 40 and 37 bits, 0.2 at m = 44 and 38 bits, 5e-6 at m = 46 and 37 bits)."""
+    sigma = 2.0**bits * math.sqrt(m / 12.0)
+    return math.comb(m, m // 2) / 2 * 2.0 / (math.sqrt(2 * math.pi) * sigma)
+
+
+def check_request(m: int, count: int, seed, bits: int | None, kinds,
+                  even_total: bool = True) -> tuple[int, tuple[str, ...], int]:
+    """Every option of a generation checked before any work: ``(bits, kinds, seed)``, InputError naming
+    the option. With ``even_total``, no and near-miss instances are refused where a draw is a
+    no-instance with probability below ``1 / MAX_DRAWS`` (``expected_equal_splits`` above
+    ``log(MAX_DRAWS)``): the redraws would take hours and then fail."""
+    bits = check_parameters(m, bits)
+    kinds = instance_kinds(kinds)
+    seed = check_seed(seed)
+    if int(count) != count or count < 1:
+        raise InputError(f"--count must be an integer >= 1, got {count}")
+    lam = expected_equal_splits(m, bits)
+    if even_total and lam > math.log(MAX_DRAWS) and any(k != "yes" for k in kinds):
+        more = f"more --bits (at most {honest_bits(m)}), " if bits < honest_bits(m) else ""
+        raise InputError(
+            f"--m {m} --bits {bits}: about exp(-{lam:.0f}) of even-total random draws are no-instances, fewer than "
+            f"1 in the {MAX_DRAWS} draws allowed; use {more}--any-total, --kinds yes or a smaller --m")
+    return bits, kinds, seed
+
+
 def generate(m: int, count: int, seed: int, bits: int | None = None,
              kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> list[dict]:
     """``count`` instances, kinds assigned round-robin; instance i from ``SeedSequence([seed, m, i])``.
 
     ``progress`` shows the package's progress bar (``io.progress``) (each no/near-miss proof takes ~0.3 s at m = 40).
     """
-    bits = check_parameters(m, bits)
-    kinds = instance_kinds(kinds)
-    if count < 1:
-        raise InputError(f"--count must be >= 1, got {count}")
+    bits, kinds, seed = check_request(m, count, seed, bits, kinds, even_total)
     out = []
     with progress_bar("instances", enabled=progress, transient=True) as bar:
         task = bar.add_task(f"m={m}", total=count)
@@ -237,12 +274,21 @@ def rows_table(rows: list[dict], fields: list[pa.Field]) -> pa.Table:
 
 
 def write_instances(table: pa.Table, out_dir: str | Path, name: str, manifest: dict) -> Path:
-    """Write ``out_dir/name.parquet`` and ``out_dir/name.json`` atomically; return the Parquet path."""
-    out_dir = check_output_dir(out_dir)
-    path = write_table_atomic(table, out_dir / f"{name}.parquet")
-    with atomic_path(out_dir / f"{name}.json") as tmp:
+    """Write ``out_dir/name.parquet`` and ``out_dir/name.json`` atomically; return the Parquet path.
+
+    Both targets are checked before either is written (``instance_targets``), and the manifest is
+    renamed into place last, so a failure leaves neither file changed."""
+    parquet, manifest_path = instance_targets(out_dir, name)
+    with atomic_path(manifest_path) as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        path = write_table_atomic(table, parquet)
     return path
+
+
+def instance_targets(out_dir: str | Path, name: str) -> tuple[Path, Path]:
+    """``(out_dir/name.parquet, out_dir/name.json)``, each checked writable (InputError naming it)."""
+    out_dir = check_output_dir(out_dir)
+    return check_output_file(out_dir / f"{name}.parquet"), check_output_file(out_dir / f"{name}.json")
 
 
 def _manifest(construction: str, m: int, count: int, seed: int, bits: int, kinds, rows: list[dict]) -> dict:
@@ -268,8 +314,8 @@ def rounding_bound(m: int, bits: int) -> float:
 def write_partition(out_dir: str | Path, m: int, count: int, seed: int, bits: int | None = None,
                     kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> Path:
     """Generate and write ``out_dir/partition-m{m}.parquet`` plus a JSON manifest beside it."""
-    kinds = instance_kinds(kinds)
-    bits = check_parameters(m, bits)
+    bits, kinds, seed = check_request(m, count, seed, bits, kinds, even_total)
+    instance_targets(out_dir, f"partition-m{m}")  # before any work
     rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
     manifest = _manifest("zeroes-from-balanced-partition", m, count, seed, bits, kinds, rows)
     manifest["even_total"] = bool(even_total)

@@ -72,6 +72,8 @@ def check_integers(integers) -> np.ndarray:
             raise ValueError("integers exceed 2**53 in magnitude (not exact in float64)")
     elif raw.dtype.kind not in "iu":
         raise ValueError(f"integers must be integers, got dtype {raw.dtype}")
+    elif raw.dtype.kind == "u" and raw.size and int(raw.max()) >= INT64_SAFE:  # (astype would wrap them)
+        raise ValueError("sum of |integers| reaches 2**62: int64 arithmetic would overflow")
     a = raw.astype(np.int64)
     m = a.size
     if m < 2 or m % 2:

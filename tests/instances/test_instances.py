@@ -24,7 +24,7 @@ from forcedweight.instances import (
     write_kveviction,
     write_partition,
 )
-from forcedweight.instances.partition import check_parameters, default_bits
+from forcedweight.instances.partition import check_parameters, default_bits, expected_equal_splits
 from forcedweight.errors import InputError
 from forcedweight.rows import validate_row
 from forcedweight.certify.solvers.cpsat import solve_cpsat
@@ -96,6 +96,36 @@ def test_parameters_are_checked():
     assert check_parameters(40, None) == default_bits(40) == 37
     with pytest.raises(InputError, match="--kinds"):
         generate(8, 2, 0, kinds="yes,maybe")
+    with pytest.raises(InputError, match="--bits"):
+        check_parameters(4, 1100)  # 2.0**1100 overflowed (a traceback)
+    for seed in (-1, 2**63, 1.5):  # SeedSequence's ValueError / the int64 seed column's OverflowError
+        with pytest.raises(InputError, match="--seed"):
+            generate(4, 2, seed)
+    with pytest.raises(InputError, match="--count"):
+        generate(4, 0, 0)
+    # where a draw is a no-instance with probability below 1 / MAX_DRAWS (m = 46, 48 at float64-honest bits),
+    # no and near-miss instances are refused at once instead of after hours of proofs; yes-instances stay
+    assert expected_equal_splits(40, 37) == pytest.approx(0.219, abs=0.005)  # e^-0.22 = 80 % no-instances
+    for m in (46, 48):
+        with pytest.raises(InputError, match="--kinds yes"):
+            generate(m, 2, 0, kinds="yes,no")
+    assert generate(48, 1, 0, kinds="yes")[0]["answer"]
+
+
+def test_near_miss_integers_stay_in_range_at_two_bits():
+    # a_j = 2 at bits = 2: both of 2 ± 2 leave [1, 4); the integer used to be moved anyway (to 0 or 4)
+    insts = generate(2, 60, 0, bits=2, kinds="near_miss")
+    assert all(1 <= x < 4 for inst in insts for x in inst["integers"])
+    assert all(not inst["answer"] and inst["min_diff"] == exact_min_diff(inst["integers"]) for inst in insts)
+    with pytest.raises(ValueError, match="2\\*\\*62"):  # a uint64 beyond int64 used to wrap (min_diff 4)
+        prove_balanced(np.array([2**64 - 3, 1], dtype=np.uint64))
+
+
+def test_a_manifest_that_cannot_be_written_leaves_no_parquet(tmp_path):
+    (tmp_path / "partition-m4.json").mkdir()
+    with pytest.raises(InputError, match="partition-m4.json"):
+        write_partition(tmp_path, 4, 2, seed=0)
+    assert not (tmp_path / "partition-m4.parquet").exists()
 
 
 # ---------------------------------------------------------------- meet-in-the-middle solver
