@@ -171,6 +171,8 @@ def brute_force_balanced(integers) -> int:
 def verify_witness(integers, witness) -> bool:
     """True iff ``witness`` is a balanced split (m/2 distinct indices) with equal sums (exact ints)."""
     a = [int(x) for x in check_integers(integers)]
+    if any(int(i) != i for i in witness):  # (int() would truncate 0.9 to 0)
+        return False
     w = sorted(int(i) for i in witness)
     if len(w) != len(a) // 2 or len(set(w)) != len(w) or w[0] < 0 or w[-1] >= len(a):
         return False

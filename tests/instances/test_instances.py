@@ -117,6 +117,7 @@ def test_near_miss_integers_stay_in_range_at_two_bits():
     insts = generate(2, 60, 0, bits=2, kinds="near_miss")
     assert all(1 <= x < 4 for inst in insts for x in inst["integers"])
     assert all(not inst["answer"] and inst["min_diff"] == exact_min_diff(inst["integers"]) for inst in insts)
+    assert verify_witness([1, 1, 2, 2], [0, 2]) and not verify_witness([1, 1, 2, 2], [0.9, 2.5])  # no truncation
     with pytest.raises(ValueError, match="2\\*\\*62"):  # a uint64 beyond int64 used to wrap (min_diff 4)
         prove_balanced(np.array([2**64 - 3, 1], dtype=np.uint64))
 
