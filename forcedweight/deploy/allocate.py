@@ -24,38 +24,13 @@ import torch
 
 from forcedweight.core.operator import rank_order, top_s
 from forcedweight.deploy.contourkv import ContourKVAllocator
+from forcedweight.deploy.segment_scores import check_budget, stack_scores
 from forcedweight.errors import InputError
-
-
-def _stack(scores: list[np.ndarray]) -> np.ndarray:
-    """Per-layer (H_kv, N) scores → (L, H_kv, N) float64 (every layer the same shape, no NaN)."""
-    if not scores:
-        raise InputError("allocate: no layers to allocate over")
-    shapes = {np.shape(s) for s in scores}
-    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-        raise InputError(f"allocate: every layer's scores must be (H_kv, N) of one shape, got {sorted(shapes)}")
-    x = np.stack([np.asarray(s, dtype=np.float64) for s in scores])
-    if np.isnan(x).any():
-        raise InputError("allocate: scores contain NaN")
-    return x
 
 
 def floors(scores: list[np.ndarray]) -> np.ndarray:
     """(L, H_kv) int64: each segment's count of ``+inf`` scores (entries it must keep)."""
-    return np.isposinf(_stack(scores)).sum(axis=-1).astype(np.int64)
-
-
-def _check_budget(x: np.ndarray, budget: int) -> int:
-    L, H, N = x.shape
-    if int(budget) != budget:
-        raise InputError(f"--budget: must be an integer number of entries, got {budget!r}")
-    budget = int(budget)
-    if not 0 <= budget <= L * H * N:
-        raise InputError(f"--budget: {budget} entries outside [0, {L * H * N}] (= layers x KV heads x tokens)")
-    need = int(np.isposinf(x).sum())
-    if budget < need:
-        raise InputError(f"--budget: {budget} entries is below the sinks + recent window ({need} entries)")
-    return budget
+    return np.isposinf(stack_scores(scores)).sum(axis=-1).astype(np.int64)
 
 
 def _check_floors(counts: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -97,8 +72,8 @@ class UniformAllocator(Allocator):
     name = "uniform"
 
     def allocate(self, scores, budget):
-        x = _stack(scores)
-        budget = _check_budget(x, budget)
+        x = stack_scores(scores)
+        budget = check_budget(x, budget)
         L, H, _ = x.shape
         return _check_floors(uniform_counts(L * H, budget).reshape(L, H), x)
 
@@ -138,8 +113,8 @@ class AdaKVAllocator(Allocator):
         self.alpha = float(alpha)
 
     def allocate(self, scores, budget):
-        x = _stack(scores)
-        budget = _check_budget(x, budget)
+        x = stack_scores(scores)
+        budget = check_budget(x, budget)
         L, H, _ = x.shape
         per_layer = uniform_counts(L * H, budget).reshape(L, H).sum(axis=1)
         for layer in range(L):
@@ -157,8 +132,8 @@ class GlobalAllocator(Allocator):
     name = "global"
 
     def allocate(self, scores, budget):
-        x = _stack(scores)
-        budget = _check_budget(x, budget)
+        x = stack_scores(scores)
+        budget = check_budget(x, budget)
         L, H, N = x.shape
         kept = rank_order(x.reshape(-1))[:budget]
         return _check_floors(np.bincount(kept // N, minlength=L * H).astype(np.int64).reshape(L, H), x)

@@ -33,34 +33,21 @@ import numpy as np
 from forcedweight.core.operator import rank_order, top_s
 from forcedweight.core.scores import pad_kept
 from forcedweight.deploy.dropped_mass import WINDOW, segment_dropped_mass, window_rows
+from forcedweight.deploy.segment_scores import check_budget, stack_scores
 from forcedweight.errors import InputError
 
 BETA = 0.1
 RECENT_FLOOR = 8
 
 
-# The allocator registry (deploy/allocate.py) imports this module, so the few shared steps are
-# restated here on the same primitives (core.operator.rank_order / top_s: THE tie rule) rather than
+# The allocator registry (deploy/allocate.py) imports this module, so its two steps below are
+# written on the same primitives (core.operator.rank_order / top_s: THE tie rule) rather than
 # imported back from it (no import cycle); tests check them against allocate's ``global``/``select``.
-def _stack(scores: list[np.ndarray]) -> np.ndarray:
-    """Per-layer (H_kv, N) scores → (L, H_kv, N) float64 (one shape, no NaN)."""
-    if not scores or len({np.shape(s) for s in scores}) != 1 or np.ndim(scores[0]) != 2:
-        raise InputError("allocator contourkv: every layer's scores must be (H_kv, N) of one shape")
-    x = np.stack([np.asarray(s, dtype=np.float64) for s in scores])
-    if np.isnan(x).any():
-        raise InputError("allocator contourkv: scores contain NaN")
-    return x
-
-
+# The input checks are shared (deploy.segment_scores).
 def shared_threshold(x: np.ndarray, budget: int) -> np.ndarray:
     """(L, H_kv) counts of the ``budget`` largest scores of x (L, H_kv, N) overall (= ``global``)."""
     L, H, N = x.shape
-    if int(budget) != budget or not 0 <= int(budget) <= L * H * N:
-        raise InputError(f"--budget: {budget!r} entries outside [0, {L * H * N}] (= layers x KV heads x tokens)")
-    need = int(np.isposinf(x).sum())
-    if budget < need:
-        raise InputError(f"--budget: {int(budget)} entries is below the sinks + recent window ({need} entries)")
-    kept = rank_order(x.reshape(-1))[: int(budget)]
+    kept = rank_order(x.reshape(-1))[: check_budget(x, budget)]
     return np.bincount(kept // N, minlength=L * H).astype(np.int64).reshape(L, H)
 
 
@@ -157,8 +144,8 @@ class ContourKVAllocator:
         """(L, H_kv, N) scores with the recency floor padded to ``+inf`` (step 1). With ``budget``, the
         floor is the largest ``r <= recent_floor`` whose ``+inf`` entries fit in it (a budget too small
         for the full floor keeps a shorter one; below the policy's own floors nothing fits)."""
-        x = _stack(scores)
-        budget = np.inf if budget is None else budget
+        x = stack_scores(scores, "allocator contourkv")
+        budget = np.inf if budget is None else check_budget(x, budget)
         for r in range(self.recent_floor, 0, -1):
             y = pad_kept(x, 0, r)
             if np.isposinf(y).sum() <= budget:

@@ -167,3 +167,14 @@ def test_select_and_evict_on_a_ragged_cache():
             kk, vv = cache.layers[layer].segment(0, h)
             torch.testing.assert_close(kk, keys[layer][0, h, torch.as_tensor(keep[layer][h])], rtol=0, atol=0)
             torch.testing.assert_close(vv, vals[layer][0, h, torch.as_tensor(keep[layer][h])], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", sorted(ALLOCATORS))
+def test_every_allocator_refuses_a_budget_that_is_not_a_whole_number_of_entries(name):
+    # one check for all (deploy.segment_scores): NaN gave "cannot convert float NaN to integer", a string
+    # a numpy UFuncTypeError, 2.5 in contourkv "2.5 entries outside [0, 10]"
+    sc = _scores(1, 2, 5)
+    for bad in (float("nan"), "5", 2.5, True, float("inf")):
+        with pytest.raises(InputError, match="--budget: must be an integer"):
+            make_allocator(name).allocate(sc, bad)
+    assert int(make_allocator(name).allocate(sc, np.float64(4.0)).sum()) == 4
