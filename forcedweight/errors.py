@@ -1,4 +1,5 @@
 """The errors every layer raises: bad input is one line naming the file, option or row at fault.
+Also the one check every seeded command shares (``check_seed``).
 
 Kernels, the cache, the deploy harness and the row contract all depend on this module only, never
 on each other, to report bad input. The CLI turns an ``InputError`` into ``error: <message>`` and
@@ -23,4 +24,13 @@ class RowError(InputError):
         super().__init__(f"row {self.row_id}{where}: {reason}")
 
 
-__all__ = ["InputError", "RowError"]
+def check_seed(seed, option: str = "--seed") -> int:
+    """The seed as an int in ``[0, 2**63)`` (NumPy's ``SeedSequence`` refuses negatives, Parquet's int64
+    columns larger ones); InputError naming ``option`` otherwise."""
+    if isinstance(seed, bool) or not isinstance(seed, int) and not hasattr(seed, "__index__") \
+            or not 0 <= int(seed) < 2**63:
+        raise InputError(f"{option} must be an integer in [0, 2**63), got {seed!r}")
+    return int(seed)
+
+
+__all__ = ["InputError", "RowError", "check_seed"]

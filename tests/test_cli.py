@@ -215,3 +215,41 @@ def test_generation_commands_name_a_missing_tasks_or_out(monkeypatch, capsys, tm
     code, err = cli(monkeypatch, capsys, [command, *[x for kv in given.items() for x in kv]])
     one_error(code, err, missing, "give a")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["report", "{rows}", "--out", "{out}"],
+    ["groups", "{rows}", "--s", "2", "--out", "{out}/g.parquet"],
+    ["dump", "--out", "{out}"],
+    ["probabilistic", "study", "{rows}", "--out", "{out}"],
+    ["instances", "partition", "--m", "4", "--count", "1", "--out", "{out}"],
+    ["evaluate", "--tasks", "{rows}", "--policy", "sampled-h2o", "--compression-ratio", "0.5", "--out", "{out}"],
+])
+def test_a_negative_seed_is_one_line_before_any_work(monkeypatch, capsys, rows_file, tmp_path, command):
+    # NumPy's SeedSequence refuses negative seeds: these commands printed its traceback (exit 1), and
+    # dump left a manifest and texts behind, the study an empty directory
+    from forcedweight import models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    out = tmp_path / "out"
+    args = [a.format(rows=rows_file, out=out) for a in command]
+    code, err = cli(monkeypatch, capsys, [*args, "--seed", "-1"])
+    one_error(code, err, "--seed", "-1")
+    assert not out.exists()
+
+
+def test_tasks_options_are_checked_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    from forcedweight import models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(models, "loaded_model", no_load)
+    for opts, word in ((["--max-new-tokens", "-1"], "--max-new-tokens"), (["--n", "0"], "--n"),
+                       (["--tokens", "0"], "--tokens")):  # -1 was written, then refused by evaluate
+        code, err = cli(monkeypatch, capsys, ["tasks", "--kinds", "vt", *opts, "--out", tmp_path / "t.jsonl"])
+        one_error(code, err, word)
+    assert not (tmp_path / "t.jsonl").exists()

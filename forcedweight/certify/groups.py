@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from forcedweight.certify.pool import MAX_SUBSETS, pool_best
 from forcedweight.core import operator as op
-from forcedweight.errors import InputError, RowError
+from forcedweight.errors import InputError, RowError, check_seed
 from forcedweight.io import check_dump_complete, check_output_file, list_parquet_files, open_parquet, output_lock, progress as progress_bar, read_guard, write_table_atomic
 from forcedweight.rows import Row, iter_batches, rows_from_batch
 from forcedweight.core.stats import selector_ratio
@@ -189,6 +189,7 @@ def group_voting(
         raise InputError(f"pool_max_subsets must be >= 1, got {pool_max_subsets}")
     if pool_mass < 0 or pool_error < 0:
         raise InputError(f"--pool-mass and --pool-error must be >= 0, got {pool_mass} and {pool_error}")
+    check_seed(seed)
     src, out = Path(rows_path), Path(out)
     check_dump_complete(rows_path, allow_incomplete)
     if src.is_dir() and src.resolve() in out.resolve().parents:

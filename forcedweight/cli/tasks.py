@@ -18,17 +18,14 @@ def tasks(
     out: Path = typer.Option(..., "--out", help="Output file (.jsonl or .parquet), written atomically."),
 ) -> None:
     """Seeded synthetic examples in kvpress's dataset columns."""
-    from forcedweight.deploy.tasks import ALL_KINDS, write_task_file
+    from forcedweight.deploy.tasks import check_task_options, write_task_file
     from forcedweight.deploy.tasks.files import task_file_kind
-    from forcedweight.errors import InputError
     from forcedweight.io import check_output_file
     from forcedweight.cli.options import split_list
     from forcedweight.models import loaded_model
 
     names = split_list(kinds)
-    for k in names:
-        if k not in ALL_KINDS:
-            raise InputError(f"--kinds: unknown task kind {k!r} (known: {', '.join(ALL_KINDS)})")
+    check_task_options(names, tokens, n, max_new_tokens)  # before the model loads
     task_file_kind(out)
     check_output_file(out)
     loaded = loaded_model(model, "forcedweight tasks", note=lambda msg: typer.echo(msg, err=True))

@@ -46,7 +46,7 @@ from forcedweight.deploy.evaluate_report import write_report
 from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.models import LoadedModel, loaded_model
 
 NONE = "none"
@@ -263,6 +263,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
     compression_ratios / budgets : the budget settings (one of the two).
     """
     note = fio.stderr_notes(quiet)
+    check_seed(seed)  # (the sampled policies' draws: NumPy refuses a negative seed mid-run)
 
     out = Path(out)  # checked by evaluate() before it took the lock
     methods = methods_for(policies, allocators, compression_ratios, budgets, methods)

@@ -94,12 +94,20 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None,
         raise InputError(f"--tokens: must be at least 1, got {tokens}")
     budget = budget_from(tokens, budget, compression_ratio)
     lm, name = _load(model, seed, tokens)
+    window = getattr(lm.config, "max_position_embeddings", None)
+    if window is not None and tokens > window:
+        raise InputError(f"--tokens: {tokens} exceeds the model's window of {window}")
     vocab = lm.config.vocab_size
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, tokens), generator=g).to(lm.device)
     dense = DynamicCache(config=lm.config)
-    with torch.no_grad():
-        lm(input_ids=ids, use_cache=True, **cache_kwargs(dense))
+    try:
+        with torch.no_grad():
+            lm(input_ids=ids, use_cache=True, **cache_kwargs(dense))
+    except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator raises RuntimeError, CUDA OutOfMemoryError
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise InputError(f"--tokens: the prefill of {tokens} tokens needs more memory than this machine has") from None
     layers = len(dense.layers)
     B, Hkv, N, D = dense.layers[0].keys.shape
     full_tensors = dense_tensors(dense)

@@ -37,7 +37,7 @@ from forcedweight import io as fio
 from forcedweight.deploy.evaluate import evaluate
 from forcedweight.deploy.policies.sampled import SAMPLED_PROPOSALS
 from forcedweight.deploy.tasks import higher_is_better
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.models import loaded_model
 
 
@@ -69,6 +69,8 @@ class RobustnessConfig:
                 raise InputError(f"--taus: {t} must be > 0 (inf = uncorrected)")
         if not self.seeds:
             raise InputError("--seeds: give at least one seed")
+        for s in self.seeds:
+            check_seed(s, "--seeds")
         if self.scope not in ("layer", "model"):
             raise InputError(f"--scope: 'layer' or 'model', got {self.scope!r}")
 

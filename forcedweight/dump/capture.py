@@ -32,7 +32,7 @@ from forcedweight import io as fio
 from forcedweight import models
 from forcedweight import rows as rowsmod
 from forcedweight.dump.hook import LayerCapture, LayerPlan, Recorder, run_capture
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 
 FORMAT = "forcedweight-dump/1"
 # A record batch holds at most this many value elements (keeps list offsets within int32, and the
@@ -266,6 +266,7 @@ def _dump_rows(
         raise InputError(f"--stats-s: budgets must be >= 1, got {stats_s[0]}")
     if backend not in ("auto", "torch", "triton"):
         raise InputError(f"backend: unknown {backend!r} (auto, torch, triton)")
+    check_seed(seed)
     # a malformed or out-of-range list fails now, not after the model load (ranges from the model's
     # metadata when it can be read without loading the weights)
     wanted_layers, wanted_heads = parse_index_list(layers, "--layers"), parse_index_list(heads, "--heads")

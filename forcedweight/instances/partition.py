@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from forcedweight.core import operator
 from forcedweight.instances.proofs import MAX_M, prove_balanced, verify_witness
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.io import (atomic_path, check_output_dir, check_output_file, progress as progress_bar,
                              write_table_atomic)
 
@@ -80,13 +80,6 @@ def check_parameters(m: int, bits: int | None) -> int:
         raise InputError(f"--bits {bits} with --m {m}: the float64 rounding bound {rounding_bound(m, bits):.3g} "
                          f"reaches the smallest gap 1/m = {1.0 / m:.3g}; use --bits {honest_bits(m)} or fewer")
     return bits
-
-
-def check_seed(seed) -> int:
-    """The seed as an int in [0, 2**63) (``SeedSequence`` and the int64 ``seed`` column); InputError otherwise."""
-    if int(seed) != seed or not 0 <= int(seed) < 2**63:
-        raise InputError(f"--seed must be an integer in [0, 2**63), got {seed!r}")
-    return int(seed)
 
 
 def _plant_yes(m: int, bits: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

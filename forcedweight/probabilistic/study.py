@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from forcedweight.core.operator import top_s
 from forcedweight.dump import builtin_texts, dump_rows
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.io import check_dump_complete, list_parquet_files, output_lock, progress as progress_bar, read_guard, staged_outputs
 from forcedweight.probabilistic import study_outputs as so
 from forcedweight.probabilistic.correction import corrected_output, correction_bias
@@ -116,6 +116,7 @@ class StudyConfig:
             raise InputError(f"--taus: every tau must be > 0, got {list(self.taus)}")
         if self.seeds < 1:
             raise InputError(f"--seeds must be >= 1, got {self.seeds}")
+        check_seed(self.seed)
         bad = [p for p in self.proposals if p not in PROPOSALS]
         if bad or not self.proposals:
             raise InputError(f"--proposal: unknown {bad or 'none given'} (choose from {', '.join(PROPOSALS)})")

@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.io import atomic_path, command_line, staged_outputs
 from forcedweight.report import figures
 from forcedweight.report.markdown import render_markdown
@@ -61,6 +61,7 @@ def build_report(
         raise InputError(f"--hard-threshold: {hard_threshold} is outside [0, 1)")
     if n_boot < 1:
         raise InputError(f"--n-boot: {n_boot} must be >= 1")
+    check_seed(seed)
     df = load_results(results_path)
     gdf = load_groups(groups_path) if groups_path is not None else None
     tables = compute_tables(df, hard_threshold, n_boot, seed)

@@ -259,6 +259,22 @@ def test_memory_command_and_errors(tmp_path):
     assert res.exit_code == 2 and "adir: output path is a directory" in res.output
 
 
+def test_memory_audit_past_the_window_or_the_machines_memory_is_one_line(monkeypatch):
+    from forcedweight.deploy import memory
+    from forcedweight.models import tiny_llama
+
+    with pytest.raises(InputError, match="--tokens: 600 exceeds the model's window of 512"):
+        memory.audit_memory(tiny_llama(0, max_positions=512), tokens=600, budget=4)
+
+    def no_room(*a, **k):  # what torch's CPU allocator raises on a prefill too large (was a traceback)
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")
+
+    lm = tiny_llama(0, max_positions=512)
+    monkeypatch.setattr(lm, "forward", no_room)
+    with pytest.raises(InputError, match="--tokens: the prefill of 64 tokens needs more memory"):
+        memory.audit_memory(lm, tokens=64, budget=4)
+
+
 def test_from_dense_copies_every_segment():
     dense, _ = tiny_pair(seed=4)
     dc = DynamicCache(config=dense.config)
