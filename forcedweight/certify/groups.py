@@ -91,7 +91,9 @@ def group_records(
         return []
     n_keys = n.pop()
     ident = [zlib.crc32(str(key["model"]).encode()), *(int(key[k]) for k in GROUP_KEY[1:])]
-    rng = np.random.default_rng([int(seed), *ident])
+    # the subsets of each size g, drawn once from (seed, group key, g): the same for every budget s
+    subsets = {g: head_subsets(heads, g, max_subsets, np.random.default_rng([int(seed), *ident, g]))
+               for g in range(2, len(heads) + 1)}
     out = []
     A = {h: op.centred_contributions(by_head[h].p, by_head[h].V) for h in heads}
     for s in s_values:
@@ -101,7 +103,7 @@ def group_records(
         es_pool = {h: pool_best(by_head[h].p, by_head[h].V, s, pool_mass, pool_error, pool_max_subsets)[0]
                    for h in heads}
         for g in range(2, len(heads) + 1):
-            for subset in head_subsets(heads, g, max_subsets, rng):
+            for subset in subsets[g]:
                 S = shared_set([by_head[h].p for h in subset], s)
                 label = ",".join(str(h) for h in subset)
                 for h in subset:

@@ -113,7 +113,8 @@ def render_markdown(tables, out, written_tables, written_figures, results_path, 
               "- Balancing recovery = (E(top) − E(balance))/(E(top) − ES*): share of the gap that 1-swaps recover.",
               "- Family = one (model, layer, head) at one s; pooled = all families of a model at one s.",
               "- κ = (E(top) − ES*)/E(top), ES* = best known value (solver improvements substituted); 0 when E(top) = 0.",
-              "- Pessimistic κ: unsolved rows take ES* = their proved lower bound (1 when none), i.e. counted as improved "
+              "- Pessimistic κ: unsolved and improved rows (neither proved optimal) take ES* = their proved lower bound "
+              "(κ = 1 when none), i.e. counted as improved "
               "as far as the proof allows; the one-sided 95% Wilson upper bound on its median is the smallest observed κ "
               "whose share of rows at or below it has a one-sided 95% Wilson lower bound (z = 1.645) ≥ 1/2; in "
               "parentheses its exact coverage P(Bin(n, 1/2) ≤ j − 1) for that n (below 0.95 at some small n); "

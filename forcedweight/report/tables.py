@@ -101,7 +101,8 @@ def _group_tables(key: dict, df: pl.DataFrame, hard_threshold: float, n_boot: in
         "hard_share_pessimistic": k_hard / n_valid if n_valid else np.nan,
         "hard_share_wilson_lo": hard_lo,
         "hard_share_wilson_hi": hard_hi,
-        "median_kappa_pessimistic": float(np.median(pess)) if n_valid else np.nan,
+        # (a row whose κ is NaN, e.g. a null es_top, is left out here as by the Wilson bound)
+        "median_kappa_pessimistic": float(np.median(pess[~np.isnan(pess)])) if np.any(~np.isnan(pess)) else np.nan,
         "median_kappa_wilson_upper": med_hi,
         "median_kappa_wilson_coverage": st.wilson_median_coverage(int(np.sum(~np.isnan(pess)))) if n_valid else np.nan,
         "note": "; ".join(x for x in (excluded, note if n_valid else "no valid rows") if x),

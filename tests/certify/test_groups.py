@@ -97,6 +97,13 @@ def test_sampled_subsets_are_capped_distinct_and_correct(dump_g4, tmp_path):
     for r in a.iter_rows(named=True):
         ct, cp = ref[(r["text_id"], r["layer"], r["kv_head"], r["query_pos"], r["subset"], r["head"])]
         assert (r["cost_top"], r["cost_pool"]) == pytest.approx((ct, cp), rel=1e-9)
+    # the sample does not depend on the other budgets asked for, and every budget has the same subsets
+    # (one generator shared by the budgets drew s = 3's subsets after s = 2's had used it)
+    both = pl.read_parquet(group_voting(dump_g4, [2, 3], tmp_path / "c.parquet", pool_mass=32, max_subsets=3, seed=7))
+    key = ["text_id", "layer", "kv_head", "query_pos", "g", "subset", "head"]
+    assert both.filter(pl.col("s") == 3).drop("s").sort(key).equals(a.drop("s").sort(key))
+    at2 = both.filter((pl.col("s") == 2) & (pl.col("n_keys") > 3))  # (rows with N <= s are skipped)
+    assert at2.select(key).sort(key).equals(a.select(key).sort(key))
 
 
 def test_head_subsets():

@@ -136,7 +136,9 @@ def test_counts_bounds_prediction_match_direct(built):
         k = int(v["status"].is_in(["improved", "unsolved"]).sum())
         ref = sps.binomtest(k, v.height).proportion_ci(method="wilson")
         assert b["improved_share_wilson_hi"] == pytest.approx(ref.high, abs=1e-12)
-        lb = np.where(v["status"] == "unsolved", v["lower_bound"], v["es_best"])
+        # rows not proved optimal (unsolved, improved) at their proved bound, never above es_best
+        lb = np.where(v["status"].is_in(["unsolved", "improved"]), np.minimum(v["lower_bound"], v["es_best"]),
+                      v["es_best"])
         pess = (v["es_top"].to_numpy() - lb) / v["es_top"].to_numpy()
         assert b["median_kappa_wilson_upper"] == st.wilson_median_upper_bound(pess)[0]
         assert b["median_kappa_wilson_upper"] >= b["median_kappa_pessimistic"]
@@ -244,6 +246,23 @@ def test_family_of_invalid_rows_only(tmp_path):
     m = tables["medians"].filter(pl.col("layer") == 9)
     assert m["median"].is_nan().all() and m["note"].str.contains("no finite values").all()
     assert tables["status_counts"].filter(pl.col("layer") == 9)["n_invalid"][0] == 3
+
+
+def test_pessimistic_bounds_take_improved_rows_at_their_bound_and_skip_nan_kappa(tmp_path):
+    df = fake_results(n_per=9, layers=(0,), s_values=(4,), seed=5).filter(pl.col("status") == "optimal").head(6)
+    # two improved rows whose proofs reach only half of es_best, and one row with a null es_top
+    df = df.with_columns(
+        pl.when(pl.int_range(pl.len()) < 2).then(pl.lit("improved")).otherwise(pl.col("status")).alias("status"),
+        pl.when(pl.int_range(pl.len()) < 2).then(pl.col("es_best") / 2).otherwise(pl.col("lower_bound")).alias("lower_bound"),
+        pl.when(pl.int_range(pl.len()) == 5).then(None).otherwise(pl.col("es_top")).alias("es_top"))
+    df.write_parquet(tmp_path / "r.parquet")
+    b = compute_tables(load_results(tmp_path / "r.parquet"), n_boot=20)["bounds"].row(0, named=True)
+    v = df.head(5)
+    lb = np.where(np.arange(5) < 2, v["es_best"].to_numpy() / 2, v["es_best"].to_numpy())
+    pess = (v["es_top"].to_numpy() - lb) / v["es_top"].to_numpy()
+    # the median was NaN with a null es_top among the rows (the Wilson bound left it out already)
+    assert b["median_kappa_pessimistic"] == pytest.approx(np.median(pess), rel=1e-12)
+    assert b["median_kappa_wilson_upper"] == st.wilson_median_upper_bound(pess)[0]
 
 
 def test_undefined_ratios_and_recoveries_are_excluded_with_notes():
