@@ -109,13 +109,19 @@ else:
             return -1
 
 
+def text_config(config):
+    """The config holding the language model's shape (layers, heads, window): ``config`` itself, or a
+    multimodal config's text config (Gemma 3's ``text_config``)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def sdpa_drops_features(config) -> str | None:
     """The attention feature SDPA would silently drop for ``config`` (a model or text config), or None.
 
     transformers' SDPA attention takes no soft-cap: a model with ``attn_logit_softcapping`` (Gemma 2)
     computes its defined attention only under eager (what the newest releases force).
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     if getattr(text, "attn_logit_softcapping", None) is not None:
         return "attention-logit soft-capping"
     return None
@@ -135,7 +141,7 @@ def attention_configs(model) -> list:
     """The configs whose ``_attn_implementation`` ``model``'s forward reads: its config and, when
     different (a multimodal family such as Gemma 3), its text config, last."""
     config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     return [config] if text is config else [config, text]
 
 
@@ -167,4 +173,4 @@ def attention_implementation(model, name: str | None, state: tuple | None = None
 __all__ = ["ALL_ATTENTION_FUNCTIONS", "ALL_MASK_ATTENTION_FUNCTIONS", "CACHE_KWARG", "CacheLayerBase",
            "MIN_TRANSFORMERS", "NEW_LAYER_API", "TRANSFORMERS_VERSION", "attention_configs",
            "attention_implementation", "cache_kwargs", "output_cache",
-           "register_attention", "sdpa_attention_forward", "sdpa_drops_features"]
+           "register_attention", "sdpa_attention_forward", "sdpa_drops_features", "text_config"]

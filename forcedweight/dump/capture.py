@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from forcedweight import io as fio
 from forcedweight import models
 from forcedweight import rows as rowsmod
+from forcedweight.compat import text_config
 from forcedweight.dump.hook import LayerCapture, LayerPlan, Recorder, run_capture
 from forcedweight.errors import InputError, check_seed
 
@@ -284,7 +285,7 @@ def _dump_rows(
             raise InputError(f"--device: unknown device {device!r} (cpu, cuda, cuda:N)")
         model = models.load_model(model, dtype=dtype, device=device, progress=progress)
     net = model.model
-    config = net.config
+    config = text_config(net.config)  # (a multimodal model's language shape: Gemma 3's text_config)
     param = next(net.parameters())
     dtype = str(param.dtype).removeprefix("torch.")
     n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads

@@ -119,6 +119,40 @@ def test_rows_equal_eager_attention_when_run_eager(family, tmp_path):
     assert check_against_eager(lm.model, out, family) > 0
 
 
+def test_a_multimodal_gemma3_dumps_its_language_model(tmp_path):
+    # Gemma3ForConditionalGeneration keeps layers, heads and window in text_config: the dump read them
+    # from the top-level config (AttributeError: no num_hidden_layers)
+    import transformers
+
+    from forcedweight.compat import attention_configs
+
+    text = models.tiny_family_config("gemma3")
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                    image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    lm = models.LoadedModel(model, models.byte_tokenizer(), "tiny-gemma3-multimodal", "memory")
+    out = dump_rows(lm, [TEXT], tmp_path / "d", all_positions=True, progress=False, backend="torch")
+    rows = read_rows(out)
+    token_ids = pq.read_table(out / "texts.parquet").column("token_ids").to_pylist()[0]
+    ref = copy.deepcopy(model)
+    for c in attention_configs(ref):
+        c._attn_implementation = "eager"
+    with torch.no_grad():
+        att = [a[0].double().numpy() for a in ref(torch.tensor(token_ids)[None], output_attentions=True).attentions]
+    tc = model.config.text_config
+    assert len(rows) == tc.num_hidden_layers * tc.num_attention_heads * (len(token_ids) - 1)
+    for r in rows:
+        layer, head, t = r["layer"], r["head"], r["query_pos"]
+        assert r["window"] == expected_window(tc, layer)
+        got = np.zeros(len(token_ids))
+        got[t + 1 - r["n_keys"] : t + 1] = r["weights"]
+        want = att[layer][head, t]
+        assert np.abs(got - want).max() <= REL * want.max()
+
+
 def test_sink_mass_is_the_model_softmax_share(tmp_path):
     lm = loaded("gpt_oss")
     out = dump_rows(lm, [TEXT], tmp_path / "d", layers="1", heads="0", positions=5, progress=False)
