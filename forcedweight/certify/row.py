@@ -125,7 +125,9 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
     if sol_set.size != s:
         raise RuntimeError(f"row {view.row_id}: solver {res.solver} returned {sol_set.size} keys, not s={s}")
     e_sol, e_known = err(sol_set), known.value
-    tol = max(float(res.tolerance), REL_EQUAL * e_known)
+    # two values within E's own float64 rounding (operator.forced_error_rounding) are one value: two
+    # sets of exact E = 0 compute to noise of ~1e-17, which must neither contradict a proof nor improve
+    tol = max(float(res.tolerance), REL_EQUAL * e_known, op.forced_error_rounding(view.V, s))
     discarded = improved = False
     if e_sol < e_known - tol:
         improved = True
@@ -138,6 +140,8 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
         status, proved = ("optimal", True) if res.proved else ("unsolved", False)
     if e_sol < e_known:
         known.value, known.by, known.best_set = e_sol, res.solver, sol_set
+    if known.value <= 0.0 and not discarded:  # a set of E = 0 is optimal whether or not the search ended
+        status, proved = "optimal", True
     lower = 0.0 if discarded else min(float(res.lower_bound), known.value)
     return _Proof(status, proved, res.solver, lower, improved, reason)
 

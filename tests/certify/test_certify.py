@@ -377,6 +377,23 @@ def test_a_proof_contradicted_by_a_better_known_set_is_discarded(monkeypatch):
     _check_record(rec, p, V, 4)
 
 
+def test_sets_of_exact_zero_error_are_optimal_and_never_contradict_each_other():
+    # two sets of exact E = 0 compute to 1.2e-17 (bnb's) and 6.8e-19 (balancing's): the proof was
+    # discarded as contradicted (unsolved, bound_gap 1) although both are optimal
+    p = np.full(9, 1 / 9)
+    V = np.array([0.2, 0.2, 0.2, 0.2, 0.2, -0.1, 0.1, 0.1, -0.2])[:, None]
+    rec = certify_row(rows.Row(0, p, V, {}), 5, CertifyOptions(pool_mass=0, pool_error=0))
+    assert rec["status"] == "optimal" and rec["proved"] and rec["reason"] is None and rec["bound_gap"] == 0.0
+    assert rec["es_best"] <= op.forced_error_rounding(V, 5)
+    # a set of E = 0 found by a search stopped at its node limit is optimal, not "improved"
+    p = np.array([2, 1, 1, 2, 1, 2, 2, 1, 1, 2, 1]) / 16
+    V = np.array([-0.1, 0.2, 0.0, -0.2, 0.1, 0.1, 0.1, -0.1, 0.0, -0.2, -0.2, 0.2, -0.1, 0.2, 0.2, -0.2, -0.1, -0.1,
+                  -0.1, 0.2, 0.0, 0.2]).reshape(11, 2)
+    rec = certify_row(rows.Row(0, p, V, {}), 5, CertifyOptions(pool_mass=0, pool_error=0, solver="bnb", node_limit=2))
+    assert rec["es_best"] == 0.0 and rec["status"] == "optimal" and rec["proved"] and rec["lower_bound"] == 0.0
+    _check_record(rec, p, V, 5)
+
+
 # ------------------------------------------------------------------------------------------
 # the main job (``forcedweight pipeline``): bad options are refused before the dump starts
 
