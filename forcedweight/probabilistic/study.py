@@ -18,6 +18,7 @@ and one bias; the error is measured for each query head.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,6 +275,15 @@ def split_heads(tr: Trajectory) -> list[Trajectory]:
             for g, h in enumerate(tr.heads)]
 
 
+def draw_rng(cfg: StudyConfig, repetition: int, ident: tuple, ratio: float, proposal: str) -> np.random.Generator:
+    """The generator of one repetition's draw: seeded by ``cfg.seed``, the repetition, ``ident`` (where
+    the draw is: text, layer, KV group, first head, position), the ratio's value and the proposal's
+    name, so a setting's draws do not depend on which other ratios or proposals the study runs, and
+    heads studied one by one (``share_gqa=False``) draw apart."""
+    return np.random.default_rng([int(cfg.seed), int(repetition), *(int(x) for x in ident),
+                                  int(round(1e6 * float(ratio))), zlib.crc32(proposal.encode())])
+
+
 def study_trajectory(tr: Trajectory, cfg: StudyConfig) -> list[dict]:
     """All methods, ratios, proposals and taus on one trajectory; one record per query head and setting."""
     if not cfg.share_gqa and len(tr.heads) > 1:
@@ -291,11 +301,11 @@ def study_trajectory(tr: Trajectory, cfg: StudyConfig) -> list[dict]:
         pre_all, post_all = pre.reshape(G * Q, n), post.reshape(G * Q, L - n)
         dense = tr.attn[:, t + 1 :, :] @ tr.values  # (G, Q, d)
         vpre, vpost = tr.values[:n], tr.values[n:]
-        for pi_idx, name in enumerate(cfg.proposals):
+        for name in cfg.proposals:
             if name == "knorm" and tr.keys is None:
                 raise InputError("proposal knorm needs keys: dump with --with-keys")
             fixed = None if name == "streaming" else group_proposal(tr, t, name, cfg, 0.0)
-            for r_idx, r in enumerate(cfg.compression_ratios):  # r = evicted fraction
+            for r in cfg.compression_ratios:  # r = evicted fraction
                 target = (1.0 - r) * n
                 pi = fixed if fixed is not None else group_proposal(tr, t, name, cfg, target)
                 base = dict(text_id=tr.text_id, layer=tr.layer, kv_head=tr.kv_head, evict_pos=t, n_pre=n,
@@ -319,7 +329,7 @@ def study_trajectory(tr: Trajectory, cfg: StudyConfig) -> list[dict]:
                 outs = np.zeros((len(taus), len(tr.heads), cfg.seeds) + dense.shape[1:])
                 n_kept = []
                 for s in range(cfg.seeds):
-                    rng = np.random.default_rng([cfg.seed, s, tr.text_id, tr.layer, tr.kv_head, t, r_idx, pi_idx])
+                    rng = draw_rng(cfg, s, (tr.text_id, tr.layer, tr.kv_head, tr.heads[0], t), r, name)
                     kept_s, counts = sample(pi, m, rng)
                     n_kept.append(kept_s.size)
                     for ti, tau in enumerate(taus):
@@ -351,11 +361,11 @@ def compression_table(trajs: list[Trajectory], cfg: StudyConfig) -> list[dict]:
         L = min(tr.length for tr in group)
         for t in sorted({min(L - 2, max(0, int(f * L))) for f in cfg.evict_at}):
             n = t + 1
-            for pi_idx, name in enumerate(cfg.proposals):
+            for name in cfg.proposals:
                 if name == "knorm" and any(tr.keys is None for tr in group):
                     continue
                 fixed = None if name == "streaming" else [group_proposal(tr, t, name, cfg, 0.0) for tr in group]
-                for r_idx, r in enumerate(cfg.compression_ratios):  # r = evicted fraction
+                for r in cfg.compression_ratios:  # r = evicted fraction
                     pis = fixed or [group_proposal(tr, t, name, cfg, (1 - r) * n) for tr in group]
                     base = dict(text_id=text_id, evict_pos=t, n_pre=n, proposal=name, target_ratio=r,
                                 groups=len(pis))
@@ -366,7 +376,7 @@ def compression_table(trajs: list[Trajectory], cfg: StudyConfig) -> list[dict]:
                         continue
                     expected = 1 - float(np.mean([expected_unique(p, m) for p in pis])) / n
                     for s in range(cfg.seeds):
-                        rng = np.random.default_rng([cfg.seed, s, text_id, t, r_idx, pi_idx, 7])
+                        rng = draw_rng(cfg, s, (text_id, t, 7), r, name)  # (7: apart from the trajectories' draws)
                         ratios = np.array([1 - sample(p, m, rng)[0].size / n for p in pis])
                         out.append(dict(base, seed=s, m=m, expected_ratio=expected,
                                         effective_ratio=float(ratios.mean()), group_ratio_min=float(ratios.min()),

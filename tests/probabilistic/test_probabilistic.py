@@ -380,6 +380,21 @@ def test_study_is_deterministic_given_the_seed(tiny_rows):
     assert a == b
     cfg = dataclasses.replace(cfg, seed=1)
     assert [r["error"] for r in study_trajectory(tr, cfg)] != [r["error"] for r in a]
+    # a setting's draws do not depend on the other ratios and proposals of the study (they were seeded by
+    # their positions in the lists), and heads studied one by one draw apart (they shared one stream)
+    cfg0 = dataclasses.replace(cfg, seed=0)
+    wide = dataclasses.replace(cfg0, compression_ratios=(0.3, 0.5), proposals=("uniform", "h2o"))
+
+    def sampled(recs):
+        return [(r["head"], r["kept"], r["error"]) for r in recs
+                if r["method"] == "sampled" and r["proposal"] == "h2o" and r["ratio"] == 0.5]
+
+    assert sampled(study_trajectory(tr, wide)) == sampled(a) and sampled(a)
+    from forcedweight.probabilistic.study import draw_rng, split_heads
+
+    one, two = split_heads(tr)[:2]  # (share_gqa=False studies these: the first head is in the seed)
+    assert len({draw_rng(cfg0, 0, (t.text_id, t.layer, t.kv_head, t.heads[0], 5), 0.5, "h2o").random()
+                for t in (one, two)}) == 2
 
 
 def test_study_rejects_a_dump_without_all_positions(tmp_path):
