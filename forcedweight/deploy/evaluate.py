@@ -27,6 +27,7 @@ Then ``DIR/report/`` (``forcedweight.deploy.evaluate_report``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -94,8 +95,8 @@ def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequ
     for r, b in settings:
         if r is not None:
             check_compression_ratio(r)
-        if b is not None and not b >= 1:
-            raise InputError(f"--budget: {b!r} must be >= 1 (mean kept entries per KV head)")
+        if b is not None and not (b >= 1 and math.isfinite(b)):
+            raise InputError(f"--budget: {b!r} must be a finite number >= 1 (mean kept entries per KV head)")
     pairs = []
     for spec in extra:
         if spec.count("/") != 1 or not all(spec.split("/")):

@@ -80,6 +80,16 @@ def _legend(axes, **kwargs) -> None:
             return
 
 
+def _log_y(ax, empty_note: str = "nothing to plot") -> None:
+    """A log y axis where the panel plots a finite positive value; otherwise linear, with a note (one
+    seed gives NaN bias² and variance: matplotlib cannot log-scale a panel without positive data)."""
+    ys = [np.asarray(line.get_ydata(), dtype=np.float64) for line in ax.get_lines()]
+    if any(np.any(np.isfinite(y) & (y > 0)) for y in ys):
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, empty_note, transform=ax.transAxes, ha="center", va="center", fontsize=7)
+
+
 def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
     """error_vs_ratio (three methods, one panel per proposal), error_vs_tau, bias_variance_vs_tau,
     effective_compression; PNG and PDF each."""
@@ -106,7 +116,7 @@ def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
                 ax.plot(sel["ratio"], sel["error_mean"], style, label=label, ms=4)
         ax.set_title(prop)
         ax.set_xlabel("compression ratio r")
-        ax.set_yscale("log")
+        _log_y(ax)
     axes[0][0].set_ylabel("mean ||o_evicted − o_dense||")
     _legend(axes[0], fontsize=7)
     paths += _save(fig, out, "error_vs_ratio")
@@ -128,7 +138,7 @@ def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
                     ax.axhline(und["error_mean"][0], color=c, ls=":", lw=0.8)
         ax.set_title(f"{prop} (dotted: τ=∞)")
         ax.set_xlabel("τ")
-        ax.set_yscale("log")
+        _log_y(ax)
     axes[0][0].set_ylabel("mean error, corrected")
     _legend(axes[0], fontsize=6, ncol=2)
     paths += _save(fig, out, "error_vs_tau")
@@ -150,7 +160,7 @@ def figures(summary: pl.DataFrame, comp: pl.DataFrame, out: Path) -> list[Path]:
             ax.set_xticks(xs, [f"{x:g}" for x in taus] + ["∞"])
         ax.set_title(prop)
         ax.set_xlabel("τ")
-        ax.set_yscale("log")
+        _log_y(ax, "bias² and variance need 2 or more seeds")
     axes[0][0].set_ylabel("mean over ratios")
     _legend(axes[0], fontsize=7)
     paths += _save(fig, out, "bias_variance_vs_tau")

@@ -211,6 +211,7 @@ def test_bad_inputs_exit_2_and_write_nothing(tasks_file, model_dir, tmp_path):
         (["--tasks", tasks_file], "give --compression-ratio or --budget"),
         (["--tasks", tmp_path / "nope.jsonl", "--compression-ratio", "0.5"], "no such file"),
         (["--tasks", tasks_file, "--compression-ratio", "0.5", "--max-examples", "0"], "--max-examples"),
+        (["--tasks", tasks_file, "--budget", "inf"], "--budget: inf must be a finite number"),  # was OverflowError
     ]
     for i, (extra, message) in enumerate(cases):
         out = tmp_path / f"out{i}"

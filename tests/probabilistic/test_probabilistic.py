@@ -371,6 +371,17 @@ def test_study_end_to_end_tables_figures_and_an_independent_recheck(tiny_rows, t
     assert (comp["effective_mean"] - comp["target_ratio"]).abs().max() < 0.15
 
 
+def test_a_study_of_one_seed_writes_its_figures(tiny_rows, tmp_path):
+    # one seed: bias² and variance are NaN, and the log-scaled bias-variance panel raised
+    # "Data cannot be log-scaled because all values are <= 0" after the dump and the tables
+    import polars as pl
+
+    cfg = StudyConfig(compression_ratios=(0.5,), taus=(1.0,), seeds=1, proposals=("h2o",))
+    out = run_study(tiny_rows, tmp_path / "one", cfg, command="test", progress=False)
+    assert (out / "bias_variance_vs_tau.png").read_bytes()[:4] == b"\x89PNG"
+    assert pl.read_parquet(out / "summary.parquet").filter(pl.col("method") == "corrected")["variance"].is_nan().all()
+
+
 def test_study_is_deterministic_given_the_seed(tiny_rows):
     from forcedweight.probabilistic.study import study_trajectory
 
