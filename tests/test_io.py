@@ -75,19 +75,20 @@ def test_atomic_write_fsyncs_before_rename(tmp_path, monkeypatch):
 
 
 def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
-    """A second dump / evaluate on an output another process holds is refused with one line, nothing run."""
+    """A second dump / evaluate / audit on an output another process holds is refused with one line, nothing run."""
     import subprocess
     import sys
     import time
 
     import pytest
 
+    from forcedweight.deploy.audit.run import audit
     from forcedweight.deploy.evaluate import evaluate
     from forcedweight.dump import dump_rows
     from forcedweight.errors import InputError
     from forcedweight.io import lock_path_for
 
-    for out in (tmp_path / "dump", tmp_path / "eval"):
+    for out in (tmp_path / "dump", tmp_path / "eval", tmp_path / "audit"):  # (audit took no lock: the last won)
         holder = subprocess.Popen([sys.executable, "-c", (
             "import sys, time; from forcedweight.io import output_lock\n"
             f"with output_lock({str(out)!r}, 'test holder'):\n"
@@ -97,6 +98,8 @@ def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
             with pytest.raises(InputError, match=rf"pid {holder.pid}"):
                 if out.name == "dump":
                     dump_rows("no-such-model", ["x"], out, progress=False)
+                elif out.name == "audit":
+                    audit("no-such-model", tmp_path / "no-tasks.jsonl", out, ["knorm"], [0.5])
                 else:
                     evaluate("no-such-model", tmp_path / "no-tasks.jsonl", out, ["none"])
             assert not out.exists() and lock_path_for(out).exists()

@@ -61,6 +61,8 @@ def test_audit_writes_every_table(setup):
     (["--policy", "knorm", "--part", "ceiling", "--s", "0"], "--s"),
     (["--policy", "knorm", "--part", "ceiling", "--layers", "7"], "--layers"),
     (["--policy", "knorm", "--compression-ratio", "0.5", "--allocator", "even"], "allocator"),
+    # refused after memory.parquet was written (the leak part's evaluate checked it)
+    (["--policy", "random", "--compression-ratio", "0.5", "--part", "memory,leak", "--seed", "-1"], "--seed"),
 ])
 def test_bad_input_exit_2_nothing_written(setup, tmp_path, args, msg):
     model, tasks, _ = setup

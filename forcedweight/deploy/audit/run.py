@@ -23,7 +23,7 @@ from forcedweight.deploy.evaluate_protocol import prompt_ids
 from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import read_tasks
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.models import loaded_model
 
 PARTS = ("memory", "leak", "ceiling")
@@ -49,7 +49,15 @@ STEP_SCHEMA = pa.schema([
 ])
 
 
-def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequence[float] = (),
+def audit(model, tasks, out, *args, **kwargs) -> Path:
+    """Run the audit into ``out`` (every option: ``_audit``), holding ``io.output_lock(out)``: a second
+    run on the same output while this one runs is refused with one line naming the holder."""
+    fio.check_output_dir(out)
+    with fio.output_lock(out, "audit"):
+        return _audit(model, tasks, out, *args, **kwargs)
+
+
+def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequence[float] = (),
           allocators: Sequence[str] = ("uniform",), parts: Sequence[str] = PARTS,
           layers: Sequence[int] | None = None, s_values: Sequence[int] = (8, 32, 128),
           selections: Sequence[str] = SELECTIONS, steps: int | None = None, solver: str = "bnb",
@@ -70,6 +78,7 @@ def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequen
     note = fio.stderr_notes(quiet)
 
     out = fio.check_output_dir(out)
+    check_seed(seed)
     parts = list(dict.fromkeys(parts))
     for p in parts:
         if p not in PARTS:
@@ -133,6 +142,9 @@ def audit(model, tasks, out, policies: Sequence[str], compression_ratios: Sequen
                 bar.advance(task)
         note(f"wrote {out / 'ceiling.parquet'}")
     return write_report(out)
+
+
+audit.__doc__ += "\n" + (_audit.__doc__ or "")
 
 
 __all__ = ["CEILING_SCHEMA", "MEMORY_SCHEMA", "PARTS", "STEP_SCHEMA", "audit"]
