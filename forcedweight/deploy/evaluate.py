@@ -290,6 +290,13 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
     spec = loaded.source if not isinstance(model, (LoadedModel, tuple)) else f"python:{loaded.name}"
     state = _fingerprint(tasks, spec, seed, query_aware, options)
     fresh = not parts.exists()
+    wanted = {m.key(ex["id"], query_aware) for ex in examples for m in methods}
+    if fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state \
+            and {_row_key(r) for r in pq.read_table(results, columns=list(KEY)).to_pylist()} == wanted:
+        note(f"{results}: finished, with every setting asked for (nothing to run)")  # left as it is
+        if report:
+            write_report(results, out / "report")
+        return results
     fio.prepare_work_dir(parts, state, note)
     if fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state:  # a finished run of the same inputs: reuse its rows
         shutil.copyfile(results, parts / "part-previous.parquet")
@@ -311,7 +318,6 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
             bar.advance(task)
     _, files = _done_keys(parts)
     table = pa.concat_tables([pq.read_table(f) for f in files]) if files else RESULT_SCHEMA.empty_table()
-    wanted = {m.key(ex["id"], query_aware) for ex in examples for m in methods}
     order = {ex["id"]: i for i, ex in enumerate(examples)}
     rows = [r for r in table.to_pylist() if _row_key(r) in wanted]
     rows.sort(key=lambda r: (order[r["id"]], r["policy"] != NONE, r["policy"], r["allocator"],

@@ -56,6 +56,9 @@ class RobustnessConfig:
     policy_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        # a value given twice is one setting (--seeds 0,0 read the same run twice and doubled its rows)
+        for name in ("proposals", "ratios", "taus", "seeds"):
+            object.__setattr__(self, name, tuple(dict.fromkeys(getattr(self, name))))
         for p in self.proposals:
             if p not in SAMPLED_PROPOSALS:
                 raise InputError(f"--proposal: unknown {p!r} (choose from {', '.join(SAMPLED_PROPOSALS)})")
@@ -139,19 +142,12 @@ def run_robustness(model, tasks, out, cfg: RobustnessConfig, command: str = "", 
                           note=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
     frames = []
     for spec in _runs(cfg):
-        d = out / "runs" / spec["run"]
-        res = d / "results.parquet"
-        if res.exists():  # a finished run: reuse it when it holds every setting asked for
-            have = pq.read_table(res, columns=["policy", "compression_ratio"]).to_pandas()
-            want = {(p, float(r)) for p in spec["policies"] if p != "none" for r in cfg.ratios}
-            missing = want - set(zip(have["policy"], have["compression_ratio"].astype(float)))
-            if missing:
-                raise InputError(f"{d}: a finished run without {sorted(missing)[0]} (and {len(missing) - 1} more); "
-                                 "remove that run directory or use another --out")
-        else:
-            evaluate(loaded, tasks, d, spec["policies"], compression_ratios=list(cfg.ratios),
-                     max_examples=cfg.max_examples, seed=spec["seed"], policy_options=spec["options"],
-                     progress=progress, report=False, quiet=quiet, device=device)
+        # every run through evaluate, which resumes it, reuses a finished run of the same inputs (task
+        # file, model, seed, options) and keeps exactly the examples and settings asked for, so a rerun
+        # with other tasks, --max-examples or --scope never reads an old run's rows
+        res = evaluate(loaded, tasks, out / "runs" / spec["run"], spec["policies"],
+                       compression_ratios=list(cfg.ratios), max_examples=cfg.max_examples, seed=spec["seed"],
+                       policy_options=spec["options"], progress=progress, report=False, quiet=quiet, device=device)
         df = pq.read_table(res).to_pandas()
         df["run"] = spec["run"]
         df["tau"] = np.nan if spec["tau"] is None else spec["tau"]

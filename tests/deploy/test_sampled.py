@@ -304,9 +304,14 @@ def test_robustness_study_end_to_end_and_resume(tmp_path):
     stamp = (out / "runs" / "topk" / "results.parquet").stat().st_mtime_ns
     run_robustness(lm, tasks, tmp_path / "study", cfg, command="test", progress=False, quiet=True)
     assert (out / "runs" / "topk" / "results.parquet").stat().st_mtime_ns == stamp
-    bigger = RobustnessConfig(proposals=("h2o", "minh"), ratios=(0.25, 0.5), taus=(1.0, 2.0), seeds=(0, 1))
-    with pytest.raises(InputError, match="finished run without"):
-        run_robustness(lm, tasks, tmp_path / "study", bigger, progress=False, quiet=True)
+    assert RobustnessConfig(seeds=(0, 0, 1), ratios=(0.5, 0.5)).seeds == (0, 1)  # a repeated value: one setting
+    # other settings or examples: the runs are resumed / redone, never read for rows they do not hold
+    # (a finished run used to be reused whatever the task file, --max-examples or --scope)
+    other = RobustnessConfig(proposals=("h2o",), ratios=(0.25, 0.5), taus=(1.0,), seeds=(0,), max_examples=1)
+    run_robustness(lm, tasks, tmp_path / "study", other, progress=False, quiet=True)
+    res = pq.read_table(out / "results.parquet").to_pandas()
+    assert set(res.loc[res["policy"] != "none", "compression_ratio"]) == {0.25, 0.5}
+    assert set(res["id"]) == {ex[0]["id"]}
 
 
 def test_cli_evaluate_tau_and_bad_inputs(tmp_path):
