@@ -50,10 +50,11 @@ def paired(
 def merge(out: Path = typer.Argument(..., help="The paired experiment's output directory."),
           compression_ratio: Optional[List[str]] = typer.Option(None, "--compression-ratio"),
           baseline: Optional[Path] = typer.Option(None, "--baseline")) -> None:
-    """Merge the finished groups and write the report and the ContourKV tables."""
+    """Merge the finished groups and write the report and the ContourKV tables (every ratio the run
+    holds, unless --compression-ratio picks some)."""
     from forcedweight.deploy.contourkv_experiment import merge as run
 
-    typer.echo(str(run(out, _ratios(compression_ratio), baseline)))
+    typer.echo(str(run(out, _ratios(compression_ratio) if compression_ratio else None, baseline)))
 
 
 @app.command("enforcement")

@@ -69,6 +69,7 @@ def paired_experiment(model, tasks, out, ratios: Sequence[float] = RATIOS, max_e
     out = Path(out)
     todo = groups()
     if baseline is not None:
+        _baseline_results(baseline)  # before any group runs
         todo = {"contourkv": todo["contourkv"]}
     if only:
         bad = sorted(set(only) - set(groups()))
@@ -82,9 +83,20 @@ def paired_experiment(model, tasks, out, ratios: Sequence[float] = RATIOS, max_e
     return merge(out, ratios, baseline)
 
 
-def merge(out, ratios: Sequence[float] = RATIOS, baseline=None) -> Path:
+def _baseline_results(baseline) -> Path:
+    """``baseline/results.parquet``; InputError naming ``--baseline`` when it is not there."""
+    path = Path(baseline) / "results.parquet"
+    if not path.is_file():
+        raise InputError(f"--baseline {baseline}: no results.parquet there (give an evaluate output directory)")
+    return path
+
+
+def merge(out, ratios: Sequence[float] | None = None, baseline=None) -> Path:
     """Merge ``OUT/*/results.parquet`` (and ``baseline``'s opponent rows) into ``OUT/results.parquet``
-    on the examples ContourKV ran; write the report and the ContourKV tables."""
+    on the examples ContourKV ran; write the report and the ContourKV tables.
+
+    ``ratios``: the compression ratios to keep; None keeps every ratio the ContourKV rows hold. Ratios
+    no ContourKV row holds are refused (InputError), so a merge never empties a finished run's tables."""
     out = Path(out)
     files = []
     for group in sorted(p for p in out.iterdir() if p.is_dir() and p.name in groups()) if out.is_dir() else []:
@@ -92,13 +104,17 @@ def merge(out, ratios: Sequence[float] = RATIOS, baseline=None) -> Path:
         files += [group / "results.parquet"] if (group / "results.parquet").is_file() else \
             sorted((group / ".results.parquet.parts").glob("part-*.parquet"))
     if baseline is not None:
-        files.append(Path(baseline) / "results.parquet")
+        files.append(_baseline_results(baseline))
     tables = [pq.read_table(f) for f in files if f.is_file()]
     if not tables:
         raise InputError(f"{out}: no results to merge (run the experiment first)")
     rows = pa.concat_tables([t.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA) for t in tables]).to_pylist()
-    wanted = {round(float(r), 4) for r in ratios}
     ours = {r["id"] for r in rows if f"{r['policy']}/{r['allocator']}" in CONTOUR}
+    held = {round(float(r["compression_ratio"]), 4) for r in rows if f"{r['policy']}/{r['allocator']}" in CONTOUR}
+    wanted = held if ratios is None else {round(float(r), 4) for r in ratios}
+    if not wanted & held:
+        raise InputError(f"--compression-ratio: {sorted(wanted)} not among the ratios ContourKV ran in {out} "
+                         f"({sorted(held) or 'none'})")
     seen, merged = set(), []
     for r in rows:
         key = (r["id"], r["policy"], r["allocator"], round(float(r["compression_ratio"]), 4), r["query_aware"])

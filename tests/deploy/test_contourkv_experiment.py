@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import pytest
 
-from forcedweight.deploy.contourkv_experiment import enforcement_experiment, paired_experiment
+from forcedweight.deploy.contourkv_experiment import enforcement_experiment, merge, paired_experiment
 from forcedweight.deploy.tasks import CONTINUATION_TASK
 from forcedweight.deploy.tasks.files import write_tasks
+from forcedweight.errors import InputError
 from forcedweight.models import LoadedModel, byte_tokenizer, tiny_llama
 
 
@@ -42,6 +44,17 @@ def test_paired_experiment_tables_and_matched_bytes(tmp_path):
         assert t["wins"] + t["losses"] + t["ties"] == t["n"]
         assert t["n"] == (3 if t["metric"] != "ce_nats" else 2) * 2  # examples x ratios
     assert "kvzip/global" in md.read_text()
+    # a re-merge keeps the run's ratios by default and refuses ratios it did not run (the default
+    # 0.5 / 0.75 / 0.9 used to empty results.parquet of a run made at other ratios)
+    before = pq.read_table(tmp_path / "out" / "results.parquet")
+    merge(tmp_path / "out")
+    assert pq.read_table(tmp_path / "out" / "results.parquet").equals(before)
+    with pytest.raises(InputError, match="not among the ratios ContourKV ran"):
+        merge(tmp_path / "out", ratios=(0.9,))
+    assert pq.read_table(tmp_path / "out" / "results.parquet").equals(before)
+    with pytest.raises(InputError, match="--baseline"):  # a missing baseline: refused before any group runs
+        paired_experiment(_model(), _tasks(tmp_path), tmp_path / "out2", baseline=tmp_path / "nope", progress=False)
+    assert not (tmp_path / "out2").exists()
 
 
 def test_enforcement_masked_equals_ragged_and_holds_the_dense_bytes(tmp_path):
