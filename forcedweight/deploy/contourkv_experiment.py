@@ -278,7 +278,7 @@ def enforcement_experiment(model, tasks, out, policy: str = "kvzip", allocator: 
     out = Path(out)
     make_allocator(allocator)
     pol = make_policy(policy)
-    ratios = [check_compression_ratio(r) for r in ratios]
+    ratios = list(dict.fromkeys(check_compression_ratio(r) for r in ratios))  # a repeated ratio: one setting
     examples = read_tasks(tasks, max_examples)
     target = out / "enforcement.parquet"
     fio.check_output_file(target)
