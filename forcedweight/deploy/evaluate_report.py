@@ -57,8 +57,18 @@ def _rows(results) -> list[dict]:
         raise InputError(f"{path}: not an evaluate results file (missing {', '.join(sorted(need - set(rows[0])))})")
     for r in rows:
         r["method"] = method_name(r)
-        r["ratio"] = round(float(r["compression_ratio"]), 4)
+        r["ratio"] = setting_ratio(r)
     return rows
+
+
+def setting_ratio(row: dict) -> float:
+    """The compression ratio a row was asked for, rounded to 4 places: its ``compression_ratio``, or in
+    budget mode the nominal ``1 - min(round(budget), N) / N`` of its context (a sampled policy's
+    effective ratio follows its random kept count, which would pair it with no other method)."""
+    b, n = row.get("budget"), row.get("context_tokens")
+    if row["policy"] == "none" or b is None or not n:
+        return round(float(row["compression_ratio"]), 4)
+    return round(1.0 - min(round(float(b)), int(n)) / int(n), 4)
 
 
 def summary(rows: list[dict]) -> list[dict]:

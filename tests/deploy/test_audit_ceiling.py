@@ -103,6 +103,10 @@ def test_choose_targeted_switch():
         assert np.array_equal(tg, bal if dropped > 0.5 else top)
         best, info = choose("best", p, V, 5, time_limit=1.0)
         assert _forced_error(p, V, best) <= _forced_error(p, V, bal) * (1 + 1e-9)  # warm start at balancing
+    # s at or above the row's keys: everything kept, the best set optimal (its status was empty)
+    for s in (3, 10):
+        kept, info = choose("best", np.array([0.5, 0.3, 0.2]), np.eye(3), s)
+        assert kept.tolist() == [0, 1, 2] and info["status"] == "optimal" and info["lower_bound"] == 0.0
 
 
 def test_bad_options():

@@ -24,7 +24,7 @@ from forcedweight.deploy.allocate import budget_for
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate import KILL_HOOK, evaluate
 from forcedweight.deploy.evaluate_protocol import greedy_answer, prompt_ids
-from forcedweight.deploy.evaluate_report import paired as paired_table
+from forcedweight.deploy.evaluate_report import paired as paired_table, setting_ratio
 from forcedweight.deploy.policies import KnormPolicy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import continuation, make_tasks, write_tasks
@@ -273,6 +273,24 @@ def test_paired_comparison_against_hand_count():
     assert (lower.wins, lower.losses) == (losses, wins) and lower.mean_diff == pytest.approx(-c.mean_diff)
     tie = paired_comparison([1.0, 2.0], [1.0, 2.0])
     assert tie.ties == 2 and tie.pvalue == 1.0 and tie.mean_diff == 0.0
+
+
+def test_budget_mode_pairs_a_sampled_policy_at_its_nominal_ratio():
+    # a sampled policy's effective ratio follows its random kept count (259 vs 256 entries): keyed on
+    # it, the pair with any other method at the same budget never formed
+    def row(i, policy, kept, score):
+        n, heads = 128, 4
+        return {"id": str(i), "task": "qa", "metric": "string_match", "policy": policy, "allocator": "uniform",
+                "compression_ratio": 1 - kept / (n * heads), "budget": 64.0, "context_tokens": n, "score": score,
+                "physical_bytes": kept * 8}
+
+    rows = [row(i, "knorm", 256, 1.0) for i in range(5)] + [row(i, "sampled-knorm", 250 + i, 0.0) for i in range(5)]
+    for r in rows:
+        r["method"] = f"{r['policy']}/{r['allocator']}"
+        r["ratio"] = setting_ratio(r)
+    pairs = paired_table(rows, n_boot=50)
+    assert len(pairs) == 1 and pairs[0]["n"] == 5 and pairs[0]["wins"] + pairs[0]["losses"] == 5
+    assert {r["ratio"] for r in rows} == {0.5}
 
 
 @pytest.mark.smollm2

@@ -89,7 +89,11 @@ def choose(method: str, p: np.ndarray, V: np.ndarray, s: int, solver: str = "bnb
     s = min(int(s), n)
     top = op.top_mass_set(p, s)
     info = {"status": "", "lower_bound": float("nan"), "swaps": 0, "switched": False}
-    if s == n or method == "top":
+    if s == n:  # every key kept: E = 0, optimal whatever the method (was no status, as if unproved)
+        if method == "best":
+            info.update(status="optimal", lower_bound=0.0)
+        return top, info
+    if method == "top":
         return top, info
     if method == "targeted":
         if op.dropped_mass(p, top) <= threshold:
