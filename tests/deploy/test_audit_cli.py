@@ -63,6 +63,7 @@ def test_audit_writes_every_table(setup):
     (["--policy", "knorm", "--compression-ratio", "0.5", "--allocator", "even"], "allocator"),
     # refused after memory.parquet was written (the leak part's evaluate checked it)
     (["--policy", "random", "--compression-ratio", "0.5", "--part", "memory,leak", "--seed", "-1"], "--seed"),
+    (["--policy", "sampled-h2o", "--part", "ceiling", "--s", "4"], "topk-h2o"),  # was measured as its top-s
 ])
 def test_bad_input_exit_2_nothing_written(setup, tmp_path, args, msg):
     model, tasks, _ = setup

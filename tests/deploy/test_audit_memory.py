@@ -54,6 +54,22 @@ def test_storages_measured(prefill):
                 assert kept * entry <= ragged["bytes"] <= 1.02 * kept * entry, (pol, a, r)
 
 
+def test_a_sampled_policy_is_measured_as_the_harness_runs_it(prefill):
+    # its own draws and bias (allocator "sampled"), not the top-k of its proposal under the allocators
+    pol = make_policy("sampled-knorm")
+    rows = _by(memory_rows(prefill, {"sampled-knorm": pol}, ALLOCS, [0.5], seed=3))
+    assert {k[1] for k in rows} == {"sampled"}
+    keep, bias, _ = pol.select(prefill, 0.5, 3)
+    cache = prefill.ragged_cache()
+    for layer in range(prefill.n_layers):
+        cache.evict(layer, keep[layer], bias[layer])
+    ragged, masked = rows[("sampled-knorm", "sampled", 0.5, "ragged")], rows[("sampled-knorm", "sampled", 0.5, "masked")]
+    assert ragged["kept_entries"] == cache.entries() != budget_for(N, prefill.n_layers, prefill.n_kv_heads, 0.5)
+    assert ragged["bytes"] == cache.physical_bytes()  # the bias included
+    L, H = prefill.n_layers, prefill.n_kv_heads
+    assert masked["bytes"] == masked["dense_bytes"] + L * H * N * 4  # a float32 additive mask carries the bias
+
+
 def test_masked_float_mask_and_mask_content(prefill):
     keep = [[np.array([0, 5, 7]), np.array([1, 2, 3])] for _ in range(prefill.n_layers)]
     m = keep_mask(keep[0], N)

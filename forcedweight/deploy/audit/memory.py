@@ -67,13 +67,18 @@ def kept_sets(alloc, scores: list[np.ndarray], total: int, prefill: Prefill) -> 
 
 
 def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str = "0",
-                mask_dtype: torch.dtype = torch.bool) -> list[dict]:
+                mask_dtype: torch.dtype = torch.bool, seed: int = 0) -> list[dict]:
     """The memory table rows of one prefilled example.
+
+    A sampled policy (``selects``) chooses its own kept sets and bias, as the harness runs it
+    (``select(prefill, r, seed)``, allocator ``sampled``): its ragged cache holds the bias, and its
+    masked storage an additive float32 mask (``-inf`` evicted, the bias kept) instead of a bool one.
 
     Parameters
     ----------
     prefill : the example's context prefill (shared by every policy).
     policies : name -> Policy instance; allocators : allocator names; ratios : compression ratios.
+    seed : the sampled policies' draws (the harness's ``--seed``).
 
     Returns
     -------
@@ -85,16 +90,24 @@ def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str
     rows = []
     for name, pol in policies.items():
         cached = None
+        sampled = getattr(pol, "selects", False)
         for r in ratios:
             r = check_compression_ratio(r)
-            if cached is None or pol.depends_on_ratio:
+            if not sampled and (cached is None or pol.depends_on_ratio):
                 cached = pol.padded_scores(prefill, compression_ratio=r)
-            for a in allocators:
-                keep = kept_sets(make_allocator(a), cached, budget_for(n, L, H, r), prefill)
+            for a in (["sampled"] if sampled else allocators):
                 cache = prefill.ragged_cache()
-                evict(cache, keep)
+                bias = None
+                if sampled:
+                    keep, bias, _ = pol.select(prefill, r, seed)
+                    for layer in range(L):
+                        cache.evict(layer, keep[layer], None if bias is None else bias[layer])
+                else:
+                    keep = kept_sets(make_allocator(a), cached, budget_for(n, L, H, r), prefill)
+                    evict(cache, keep)
                 measured = {"ragged": int(cache.physical_bytes()), "nominal": int(cache.nominal_bytes()),
-                            "masked": int(masked_bytes(prefill.cache, keep, mask_dtype))}
+                            "masked": int(masked_bytes(prefill.cache, keep,
+                                                       mask_dtype if bias is None else torch.float32))}
                 kept = int(cache.entries())
                 del cache
                 for st in STORAGES:

@@ -96,6 +96,11 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
         raise InputError("--compression-ratio: give at least one (memory and leak audits)")
     if "ceiling" in parts:
         check_options(s_values, selections, solver, time_limit, threshold, steps)
+        drawn = [p for p, pol in pols.items() if getattr(pol, "selects", False)]
+        if drawn:  # the ceiling keeps s entries per head by each policy's scores; a sampled one draws its own
+            raise InputError(f"--policy {drawn[0]}: the ceiling compares s kept entries chosen by scores; a sampled "
+                             f"policy draws its own (its top-s is {drawn[0].replace('sampled-', 'topk-')}), or "
+                             "run it without --part ceiling")
     for n, opt in ((memory_examples, "--memory-examples"), (ceiling_examples, "--ceiling-examples"),
                    (max_examples, "--max-examples")):
         if n is not None and n < 1:
@@ -117,7 +122,7 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
             task = bar.add_task("examples", total=min(memory_examples, len(examples)))
             for ex in examples[:memory_examples]:
                 prefill = prefill_context(mdl, tok, prompt_ids(tok, ex, False).context)
-                rows += memory_rows(prefill, pols, allocators, ratios, ex["id"])
+                rows += memory_rows(prefill, pols, allocators, ratios, ex["id"], seed=seed)
                 bar.advance(task)
         fio.write_table_atomic(pa.Table.from_pylist(rows, schema=MEMORY_SCHEMA), out / "memory.parquet")
         note(f"wrote {out / 'memory.parquet'}")
