@@ -54,6 +54,16 @@ def test_top_mass_at_all_keys_is_full_attention(tiny):
     assert all(r["kept"] == r["n_keys"] and r["error"] == 0.0 for r in steps)
 
 
+def test_a_soft_capped_layer_is_refused():
+    # the restricted rows are plain softmax: on a soft-capped layer top-mass at every key differed from
+    # the model's own attention (CE 5.7149 against 5.7110 at cap 1)
+    from forcedweight.models import tiny_family_model
+
+    model = tiny_family_model("gemma2", 0)
+    with pytest.raises(InputError, match="layer 1 has attention-logit soft-cap"):
+        ceiling_example(model, byte_tokenizer(), CONT, [1], [100_000], ["top"])
+
+
 def test_continuation_ce_top_at_all_keys_equals_full(tiny):
     model, tok = tiny
     rows, _ = ceiling_example(model, tok, CONT, [0, 1], [100_000], ["top"])

@@ -50,6 +50,7 @@ from forcedweight.core import operator as op
 from forcedweight.deploy.allocate import select
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate_protocol import Prompt, continuation_nll, greedy_answer, prompt_ids
+from forcedweight.deploy.features import layer_features
 from forcedweight.deploy.prefill import copy_dense_cache, prefill_attention, prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, score_answer
 from forcedweight.errors import InputError
@@ -137,6 +138,15 @@ def ceiling_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     rows = [i for i in range(L) if st.n_context <= first + i < end]
     if not rows:
         return out, weights
+    # the rows below are plain causal softmax over every key from position 0: a soft-cap, sinks or a
+    # window that bites (a row past it) would make them other rows than the model's
+    feats = layer_features(module, kwargs, Hq, "the ceiling audit")
+    bites = feats.window is not None and first + rows[-1] + 1 > feats.window
+    what = [n for n, v in (("attention-logit soft-cap", feats.softcap is not None),
+                           ("learned sinks", feats.sinks is not None), ("a sliding window", bites)) if v]
+    if what:
+        raise InputError(f"--layers: layer {layer} has {', '.join(what)}: the ceiling restricts plain softmax "
+                         "layers only")
     out = out.clone()
     K = key[0].double()
     Vs = value[0].double()
