@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from forcedweight.deploy.features import Features, feature_attention, layer_features
+from forcedweight.deploy.features import Features, causal_mask, feature_attention, layer_features
 from forcedweight.deploy.ragged_cache import RaggedKV
 from forcedweight.errors import InputError
 from forcedweight.kernels import segment_decode
@@ -59,6 +59,9 @@ def ragged_attention_forward(module, query, key, value, attention_mask, dropout=
     feats = layer_features(module, kwargs, query.shape[1])
     if not isinstance(key, RaggedKV):
         if feats.plain:
+            q_len, k_len = query.shape[2], key.shape[2]
+            if attention_mask is None and q_len > 1 and k_len != q_len:  # a chunk over a past: bottom-right
+                attention_mask = causal_mask(q_len, k_len, query.device)[None, None]
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
             )

@@ -31,7 +31,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from forcedweight.compat import attention_implementation
 from forcedweight.core.operator import top_s
 from forcedweight.deploy.contourkv import largest_remainder
+from forcedweight.deploy.features import layer_features
 from forcedweight.deploy.ragged_cache import physical_bytes
+from forcedweight.errors import InputError
 
 ATTENTION_NAME = "forcedweight_masked"
 # per layer (H_kv, N_context) bool keep masks, or None (causal attention over everything held)
@@ -46,6 +48,12 @@ def masked_attention_forward(module, query, key, value, attention_mask, dropout=
     ----------
     query : (B, H_q, L, d); key, value : (B, H_kv, T, d) dense (the context's N entries first).
     """
+    feats = layer_features(module, kwargs, query.shape[1], "the masked and token storages")
+    if not feats.plain:  # SDPA below has no soft-cap or sinks, the mask no window, the cache clone truncates
+        what = ", ".join(n for n, v in (("attention-logit soft-cap", feats.softcap), ("learned sinks", feats.sinks),
+                                        ("a sliding window", feats.window)) if v is not None)
+        raise InputError(f"--model: layer {getattr(module, 'layer_idx', '?')} has {what}: the masked and token "
+                         "storages answer for plain causal attention only (the ragged cache supports it)")
     keep = _KEEP.get()
     _, hq, q_len, _ = query.shape
     t = key.shape[2]

@@ -100,6 +100,13 @@ def layer_features(module, kwargs: dict, n_heads: int, where: str = "the ragged 
     return Features(None if cap is None else float(cap), sinks, None if window is None else int(window))
 
 
+def causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
+    """Bool (q_len, k_len) bottom-right causal mask, True = may attend: new token i (at position
+    k_len - q_len + i) sees the keys up to it. SDPA's own ``is_causal`` is top-left (wrong over a past)."""
+    rows = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    return torch.arange(k_len, device=device)[None, :] <= rows
+
+
 def feature_attention(query, key, value, scaling: float, q_pos, k_pos, features: Features, bias=None,
                       valid=None):
     """Attention with soft-cap, sinks and a sliding window, as transformers' eager attention computes it.
@@ -147,4 +154,4 @@ def feature_attention(query, key, value, scaling: float, q_pos, k_pos, features:
     return out.reshape(B, Hq, L, -1).transpose(1, 2).contiguous().to(query.dtype)
 
 
-__all__ = ["Features", "feature_attention", "layer_features", "refuse_unsupported"]
+__all__ = ["Features", "causal_mask", "feature_attention", "layer_features", "refuse_unsupported"]

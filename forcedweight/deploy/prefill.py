@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from forcedweight.compat import attention_implementation, cache_kwargs
-from forcedweight.deploy.features import Features, feature_attention, layer_features
+from forcedweight.deploy.features import Features, causal_mask, feature_attention, layer_features
 from forcedweight.deploy.ragged_cache import RaggedKVCache
 from forcedweight.errors import InputError
 
@@ -45,12 +45,6 @@ Callback = Callable[[int, torch.nn.Module, torch.Tensor, torch.Tensor, torch.Ten
 _ACTIVE: contextvars.ContextVar[Callback | None] = contextvars.ContextVar("forcedweight_prefill_cb", default=None)
 # layer -> Features of its call, while prefill_context runs
 _FEATURES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("forcedweight_prefill_features", default=None)
-
-
-def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
-    """Bool (q_len, k_len) mask, True = may attend: new token i (at k_len - q_len + i) sees keys <= it."""
-    rows = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
-    return torch.arange(k_len, device=device)[None, :] <= rows
 
 
 def prefill_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -79,7 +73,7 @@ def prefill_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         pos = torch.arange(k_len, device=query.device)
         return feature_attention(query, key, value, float(scaling), pos[k_len - q_len:], pos, feats), None
     if attention_mask is None and q_len > 1 and k_len != q_len:
-        attention_mask = _causal_mask(q_len, k_len, query.device)[None, None]
+        attention_mask = causal_mask(q_len, k_len, query.device)[None, None]
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 

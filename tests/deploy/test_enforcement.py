@@ -4,6 +4,7 @@ entries (the ragged cache, and a dense cache holding only those entries)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from forcedweight.core.operator import top_s
@@ -13,6 +14,7 @@ from forcedweight.deploy.enforcement import (dense_bytes, masked_attention, mask
                                              token_union)
 from forcedweight.deploy.evaluate_protocol import continuation_nll, greedy_answer
 from forcedweight.deploy.prefill import prefill_context
+from forcedweight.errors import InputError
 from forcedweight.models import tiny_llama
 
 N = 64
@@ -57,6 +59,22 @@ def test_masked_storage_answers_like_the_ragged_cache_with_the_full_bytes():
             nomask = greedy_answer(model, masked_storage(prefill, keep).cache, question, N, 12)
         cache_full = prefill.ragged_cache()
         assert nomask == greedy_answer(model, cache_full, question, N, 12)
+
+
+@pytest.mark.parametrize("family, what", [("gemma2", "soft-cap"), ("mistral", "sliding window"),
+                                          ("gpt_oss", "learned sinks")])
+def test_masked_and_token_storages_refuse_layers_they_cannot_answer_for(family, what):
+    # SDPA dropped the sinks and refused the soft-cap, the mask ignored the window and the cache clone
+    # truncated sliding layers: answers 0.04-0.24 off the ragged cache's, or a crash past the window
+    from forcedweight.models import tiny_family_model
+
+    model = tiny_family_model(family, 0)
+    ids = torch.randint(3, 250, (1, 30), generator=torch.Generator().manual_seed(0))
+    prefill = prefill_context(model, None, ids)
+    keep = [[np.arange(0, 30, 2) for _ in range(prefill.n_kv_heads)] for _ in range(prefill.n_layers)]
+    stor = masked_storage(prefill, keep)
+    with pytest.raises(InputError, match=what), masked_attention(model, stor.keep):
+        continuation_nll(model, stor.cache, prefill.logits_last, ids[:, :4], 30)
 
 
 def test_masked_logits_equal_attention_restricted_to_the_kept_entries():

@@ -275,6 +275,24 @@ def test_memory_audit_past_the_window_or_the_machines_memory_is_one_line(monkeyp
         memory.audit_memory(lm, tokens=64, budget=4)
 
 
+def test_a_dense_cache_fed_a_chunk_over_its_past_attends_bottom_right():
+    # the ragged attention function on a dense DynamicCache falls back to SDPA; with no mask SDPA's
+    # is_causal is top-left, so a 4-token chunk after a 20-token past saw the wrong keys (0.53 off)
+    from forcedweight import models
+
+    ids = torch.randint(3, 300, (1, 24), generator=torch.Generator().manual_seed(7))
+    rg = use_ragged_attention(models.tiny_family_model("llama", 1))
+    ref = models.tiny_family_model("llama", 1, attn_implementation="eager")
+    with torch.inference_mode():
+        full = ref(input_ids=ids).logits
+        for n in (1, 4):
+            c = DynamicCache()
+            rg(input_ids=ids[:, :20], use_cache=True, **cache_kwargs(c))
+            out = rg(input_ids=ids[:, 20:20 + n], position_ids=torch.arange(20, 20 + n)[None], use_cache=True,
+                     **cache_kwargs(c)).logits
+            assert (out - full[:, 20:20 + n]).abs().max().item() < 1e-5  # float32: ~1.5e-7 measured
+
+
 def test_from_dense_copies_every_segment():
     dense, _ = tiny_pair(seed=4)
     dc = DynamicCache(config=dense.config)
