@@ -185,11 +185,19 @@ def select(scores: list[np.ndarray], counts: np.ndarray) -> list[list[np.ndarray
             for layer, s in enumerate(scores)]
 
 
-def evict(cache, keep: list[list[np.ndarray]]) -> None:
-    """Evict ``cache`` (a RaggedKVCache holding batch 1) to ``keep``: ``cache.evict(layer, keep[layer])``."""
+def budget_ratio(budget: float, n_tokens: int) -> float:
+    """The compression ratio a ``--budget`` of kept entries per KV head asks for on ``n_tokens`` entries:
+    ``1 - min(round(budget), N) / N`` (a sampled policy draws at it; the report tables and pairs by it)."""
+    return 1.0 - min(round(float(budget)), int(n_tokens)) / int(n_tokens)
+
+
+def evict(cache, keep: list[list[np.ndarray]], bias: list | None = None) -> None:
+    """Evict ``cache`` (a RaggedKVCache holding batch 1) to ``keep``: ``cache.evict(layer, keep[layer],
+    bias[layer])`` (``bias``: per layer, per KV head float32 arrays, a sampled policy's; None: no bias)."""
     for layer, heads in enumerate(keep):
-        cache.evict(layer, [torch.as_tensor(np.asarray(k, dtype=np.int64)) for k in heads])
+        cache.evict(layer, [torch.as_tensor(np.asarray(k, dtype=np.int64)) for k in heads],
+                    None if bias is None else bias[layer])
 
 
 __all__ = ["ALLOCATORS", "AdaKVAllocator", "Allocator", "GlobalAllocator", "UniformAllocator", "adakv_layer",
-           "budget_for", "evict", "floors", "make_allocator", "select", "uniform_counts"]
+           "budget_for", "budget_ratio", "evict", "floors", "make_allocator", "select", "uniform_counts"]

@@ -50,10 +50,9 @@ def masked_attention_forward(module, query, key, value, attention_mask, dropout=
     """
     feats = layer_features(module, kwargs, query.shape[1], "the masked and token storages")
     if not feats.plain:  # SDPA below has no soft-cap or sinks, the mask no window, the cache clone truncates
-        what = ", ".join(n for n, v in (("attention-logit soft-cap", feats.softcap), ("learned sinks", feats.sinks),
-                                        ("a sliding window", feats.window)) if v is not None)
-        raise InputError(f"--model: layer {getattr(module, 'layer_idx', '?')} has {what}: the masked and token "
-                         "storages answer for plain causal attention only (the ragged cache supports it)")
+        raise InputError(f"--model: layer {getattr(module, 'layer_idx', '?')} has {', '.join(feats.names())}: "
+                         "the masked and token storages answer for plain causal attention only (the ragged cache "
+                         "supports it)")
     keep = _KEEP.get()
     _, hq, q_len, _ = query.shape
     t = key.shape[2]

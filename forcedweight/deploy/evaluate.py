@@ -40,7 +40,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight import io as fio
-from forcedweight.deploy.allocate import budget_for, check_compression_ratio, evict, make_allocator, select
+from forcedweight.deploy.allocate import (budget_for, budget_ratio, check_compression_ratio, evict, make_allocator,
+                                          select)
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate_protocol import Prompt, continuation_nll, greedy_answer, prompt_ids
 from forcedweight.deploy.evaluate_report import write_report
@@ -164,7 +165,7 @@ def _check_examples(examples: list[dict], prompts: list[Prompt], methods: list[M
 
 def _sampled_ratio(n_tokens: int, m: Method) -> float:
     """The compression ratio a sampled policy draws at: ``m.ratio``, or the share a budget evicts."""
-    return m.ratio if m.budget is None else 1.0 - min(round(m.budget), n_tokens) / n_tokens
+    return m.ratio if m.budget is None else budget_ratio(m.budget, n_tokens)
 
 
 def _total_budget(n_tokens: int, n_layers: int, n_kv_heads: int, m: Method) -> int:
@@ -195,8 +196,7 @@ def run_example(model, tokenizer, ex: dict, prompt: Prompt, methods: list[Method
         if m.policy != NONE and getattr(policies[m.policy], "selects", False):  # own kept set + bias (sampled)
             t = time.perf_counter()
             keep, bias, _ = policies[m.policy].select(prefill, _sampled_ratio(n, m), seed)
-            for layer in range(prefill.n_layers):
-                cache.evict(layer, keep[layer], None if bias is None else bias[layer])
+            evict(cache, keep, bias)
             evict_s = time.perf_counter() - t
         elif m.policy != NONE:
             pol = policies[m.policy]

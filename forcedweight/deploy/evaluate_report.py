@@ -30,6 +30,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from forcedweight import io as fio  # noqa: E402
 from forcedweight.core.stats import paired_comparison  # noqa: E402
+from forcedweight.deploy.allocate import budget_ratio  # noqa: E402
 from forcedweight.deploy.tasks import higher_is_better  # noqa: E402
 from forcedweight.errors import InputError  # noqa: E402
 
@@ -68,7 +69,7 @@ def setting_ratio(row: dict) -> float:
     b, n = row.get("budget"), row.get("context_tokens")
     if row["policy"] == "none" or b is None or not n:
         return round(float(row["compression_ratio"]), 4)
-    return round(1.0 - min(round(float(b)), int(n)) / int(n), 4)
+    return round(budget_ratio(b, n), 4)
 
 
 def summary(rows: list[dict]) -> list[dict]:

@@ -50,6 +50,11 @@ class Features:
     def plain(self) -> bool:
         return self.softcap is None and self.sinks is None and self.window is None
 
+    def names(self) -> list[str]:
+        """What the layer adds, in words (for the messages of the paths that support plain layers only)."""
+        return [n for n, v in (("attention-logit soft-cap", self.softcap), ("learned sinks", self.sinks),
+                               ("a sliding window", self.window)) if v is not None]
+
 
 def _name(module) -> str:
     return f"layer {getattr(module, 'layer_idx', '?')} ({type(module).__name__})"

@@ -50,7 +50,7 @@ from forcedweight.core import operator as op
 from forcedweight.deploy.allocate import select
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate_protocol import Prompt, continuation_nll, greedy_answer, prompt_ids
-from forcedweight.deploy.features import layer_features
+from forcedweight.deploy.features import Features, layer_features
 from forcedweight.deploy.prefill import copy_dense_cache, prefill_attention, prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, score_answer
 from forcedweight.errors import InputError
@@ -142,8 +142,7 @@ def ceiling_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     # window that bites (a row past it) would make them other rows than the model's
     feats = layer_features(module, kwargs, Hq, "the ceiling audit")
     bites = feats.window is not None and first + rows[-1] + 1 > feats.window
-    what = [n for n, v in (("attention-logit soft-cap", feats.softcap is not None),
-                           ("learned sinks", feats.sinks is not None), ("a sliding window", bites)) if v]
+    what = Features(feats.softcap, feats.sinks, feats.window if bites else None).names()
     if what:
         raise InputError(f"--layers: layer {layer} has {', '.join(what)}: the ceiling restricts plain softmax "
                          "layers only")

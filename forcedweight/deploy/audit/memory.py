@@ -100,11 +100,9 @@ def memory_rows(prefill: Prefill, policies: dict, allocators, ratios, ex_id: str
                 bias = None
                 if sampled:
                     keep, bias, _ = pol.select(prefill, r, seed)
-                    for layer in range(L):
-                        cache.evict(layer, keep[layer], None if bias is None else bias[layer])
                 else:
                     keep = kept_sets(make_allocator(a), cached, budget_for(n, L, H, r), prefill)
-                    evict(cache, keep)
+                evict(cache, keep, bias)
                 measured = {"ragged": int(cache.physical_bytes()), "nominal": int(cache.nominal_bytes()),
                             "masked": int(masked_bytes(prefill.cache, keep,
                                                        mask_dtype if bias is None else torch.float32))}
