@@ -27,8 +27,7 @@ class RowError(InputError):
 def check_seed(seed, option: str = "--seed") -> int:
     """The seed as an int in ``[0, 2**63)`` (NumPy's ``SeedSequence`` refuses negatives, Parquet's int64
     columns larger ones); InputError naming ``option`` otherwise."""
-    if isinstance(seed, bool) or not isinstance(seed, int) and not hasattr(seed, "__index__") \
-            or not 0 <= int(seed) < 2**63:
+    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**63:
         raise InputError(f"{option} must be an integer in [0, 2**63), got {seed!r}")
     return int(seed)
 

@@ -180,7 +180,7 @@ def expected_equal_splits(m: int, bits: int) -> float:
     about ``2 / (sqrt(2 pi) sigma)``. A draw is a no-instance with probability about ``exp(-lambda)``
     (about 0.8 at m = 40 and 37 bits, 0.2 at m = 44 and 38 bits, 5e-6 at m = 46 and 37 bits)."""
     sigma = 2.0**bits * math.sqrt(m / 12.0)
-    return math.comb(m, m // 2) / 2 * 2.0 / (math.sqrt(2 * math.pi) * sigma)
+    return math.comb(m, m // 2) / (math.sqrt(2 * math.pi) * sigma)  # (C / 2 splits) x (2 / (sqrt(2 pi) sigma))
 
 
 def check_request(m: int, count: int, seed, bits: int | None, kinds,
