@@ -300,6 +300,8 @@ def _dump_rows(
     )
     digest = hashlib.sha256(json.dumps([texts, token_ids]).encode("utf-8")).hexdigest()
     counts = [rows_per_text(len(t), len(layers), len(heads), positions, all_positions) for t in token_ids]
+    if not sum(counts):  # a row is a query position >= 1: an empty dump is refused before anything is written
+        raise InputError(f"no text has 2 or more tokens ({len(texts)} texts): the dump would hold no rows")
     manifest = dict(
         format=FORMAT, model=model.name, model_source=str(model.source), dtype=dtype, options=options,
         texts=dict(count=len(texts), sha256=digest),

@@ -307,6 +307,7 @@ def test_rerun_with_other_options_is_refused(tiny, tmp_path):
         (dict(layers="1-x"), "--layers: cannot parse"),
         (dict(texts=["x" * 200]), "text 0 .* 200 tokens exceeds the model's context of 128"),
         (dict(stats_s=(0,)), "--stats-s"),
+        (dict(texts=["x", ""]), "no text has 2 or more tokens"),  # rows start at query position 1
         (dict(model="missing-dir"), "--model: .*missing-dir"),
     ],
 )
