@@ -75,6 +75,17 @@ def test_bad_input_exit_2_nothing_written(setup, tmp_path, args, msg):
     assert not out.exists() or not any(out.rglob("*.parquet")) and not (out / "report.md").exists()
 
 
+@pytest.mark.parametrize("layer", ["7", "-1"])
+def test_bad_layers_refused_before_the_output_directory(setup, tmp_path, layer):
+    # checked from the model's config.json before any weights load: no empty output directory is left
+    model, tasks, _ = setup
+    out = tmp_path / "o"
+    res = CliRunner().invoke(app, ["audit", "--model", str(model), "--tasks", str(tasks), "--out", str(out),
+                                   "--no-progress", "--policy", "knorm", "--part", "ceiling", "--layers", layer])
+    assert res.exit_code == 2 and f"--layers: [{layer}]" in res.output, res.output
+    assert not out.exists()
+
+
 def test_missing_tasks_and_memory_alias(setup, tmp_path):
     res = CliRunner().invoke(app, ["audit", "--policy", "knorm", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--tasks" in res.output

@@ -24,7 +24,7 @@ from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import read_tasks
 from forcedweight.errors import InputError, check_seed
-from forcedweight.models import loaded_model
+from forcedweight.models import LoadedModel, loaded_model, peek_architecture
 
 PARTS = ("memory", "leak", "ceiling")
 
@@ -47,6 +47,17 @@ STEP_SCHEMA = pa.schema([
     ("dropped_mass_top", pa.float64()), ("seconds", pa.float64()), ("status", pa.string()),
     ("lower_bound", pa.float64()), ("swaps", pa.int64()), ("switched", pa.bool_()),
 ])
+
+
+def _check_layers(layers, n_layers: int | None) -> list[int]:
+    """``layers`` as ints, or an InputError naming ``--layers`` for none or one outside ``0..n_layers - 1``
+    (only a negative one when ``n_layers`` is None: the model's shape is not known yet)."""
+    layers = [int(x) for x in layers]
+    bad = [x for x in layers if x < 0 or (n_layers is not None and x >= n_layers)]
+    if bad or not layers:
+        shape = f" (the model has layers 0..{n_layers - 1})" if n_layers is not None else ""
+        raise InputError(f"--layers: {bad or 'none'}{shape}")
+    return layers
 
 
 def audit(model, tasks, out, *args, **kwargs) -> Path:
@@ -106,15 +117,16 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
         if n is not None and n < 1:
             raise InputError(f"{opt}: must be >= 1, got {n}")
     examples = read_tasks(tasks, max_examples)
+    if layers is not None:  # before the output directory is made: from the model's
+        # metadata where it can be read without the weights (models.peek_architecture), else a negative index
+        shape = None if isinstance(model, (LoadedModel, tuple)) else peek_architecture(model)
+        _check_layers(layers, shape[0] if shape else None)
     for name in ("memory.parquet", "leak.parquet", "ceiling.parquet", "ceiling_steps.parquet", "report.md"):
         fio.check_output_file(out / name)
     loaded = loaded_model(model, "the audit", note=note)
     mdl, tok = loaded.model, loaded.tokenizer
     n_layers = int(mdl.config.num_hidden_layers)
-    layers = list(range(n_layers)) if layers is None else [int(x) for x in layers]
-    bad = [x for x in layers if not 0 <= x < n_layers]
-    if bad or not layers:
-        raise InputError(f"--layers: {bad or 'none'} (the model has layers 0..{n_layers - 1})")
+    layers = _check_layers(range(n_layers) if layers is None else layers, n_layers)
 
     if "memory" in parts:
         rows = []
