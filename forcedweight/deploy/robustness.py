@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from forcedweight import io as fio
 from forcedweight.deploy.evaluate import evaluate
 from forcedweight.deploy.policies.sampled import SAMPLED_PROPOSALS
-from forcedweight.deploy.tasks import higher_is_better
+from forcedweight.deploy.tasks import higher_is_better, read_tasks
 from forcedweight.errors import InputError, check_seed
 from forcedweight.models import loaded_model
 
@@ -76,6 +76,8 @@ class RobustnessConfig:
             check_seed(s, "--seeds")
         if self.scope not in ("layer", "model"):
             raise InputError(f"--scope: 'layer' or 'model', got {self.scope!r}")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise InputError(f"--max-examples must be >= 1, got {self.max_examples}")
 
     def all_taus(self) -> list[float]:
         taus = [float(t) for t in self.taus]
@@ -138,6 +140,7 @@ def run_robustness(model, tasks, out, cfg: RobustnessConfig, command: str = "", 
                    quiet: bool = False, device: str = "cpu") -> Path:
     """Run (or resume) every evaluate run of the study and write the tables; return ``out/report.md``."""
     out = fio.check_output_dir(out)
+    read_tasks(tasks, cfg.max_examples)  # a bad task file fails before the model loads and any directory is made
     loaded = loaded_model(model, "the robustness study", device=device,
                           note=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
     frames = []

@@ -338,3 +338,10 @@ def test_cli_evaluate_tau_and_bad_inputs(tmp_path):
     r = runner.invoke(app, ["probabilistic", "robustness", "--tasks", str(tasks), "--out", str(tmp_path / "bad2"),
                             "--model", str(mdir), "--proposal", "nope"])
     assert r.exit_code == 2 and "--proposal" in r.output and not (tmp_path / "bad2").exists()
+    # an option or task file found bad only by evaluate used to leave an empty runs/ directory
+    (tmp_path / "empty.jsonl").write_text("")
+    for extra, msg in ((["--max-examples", "0"], "--max-examples"), (["--tasks", str(tmp_path / "empty.jsonl")],
+                                                                        "no examples")):
+        r = runner.invoke(app, ["probabilistic", "robustness", "--tasks", str(tasks), "--out", str(tmp_path / "bad3"),
+                                "--model", str(mdir), *extra])
+        assert r.exit_code == 2 and msg in r.output and not (tmp_path / "bad3").exists(), r.output
