@@ -25,7 +25,8 @@ What the deploy path does not implement (bidirectional or chunked attention, ALi
 one line naming it (:func:`forcedweight.deploy.features.refuse_unsupported`).
 
 Without a ragged cache (dense tensors) it falls back to transformers' SDPA attention. Padding masks are
-not supported (transformers builds no mask for a custom attention name): batch only equal-length prompts.
+not supported (transformers builds no mask for a custom attention name): batch only equal-length prompts;
+a model switched by :func:`use_ragged_attention` refuses an ``attention_mask`` with zeros.
 """
 
 from __future__ import annotations
@@ -159,6 +160,16 @@ def register() -> str:
     return ATTENTION_NAME
 
 
+def _refuse_padding(module, args, kwargs):
+    """Forward pre-hook of a model switched to ragged attention: transformers passes a custom attention
+    function no mask, so a padded batch (a 2-D ``attention_mask`` with a 0) would attend its padding."""
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.bool().all()):
+        raise InputError("ragged attention: a padded batch (an attention_mask with zeros) is not supported; "
+                         "batch only equal-length prompts")
+    return None
+
+
 def use_ragged_attention(model, backend: str | None = None):
     """Register the function and switch ``model`` to it (no change to the model's classes).
 
@@ -167,6 +178,9 @@ def use_ragged_attention(model, backend: str | None = None):
     """
     model.set_attn_implementation(register())
     model.config.ragged_decode_backend = backend
+    if not getattr(model, "_forcedweight_padding_hook", False):
+        model.register_forward_pre_hook(_refuse_padding, with_kwargs=True)
+        model._forcedweight_padding_hook = True
     for sub in model.modules():  # attention modules may hold their own (text) config
         cfg = getattr(sub, "config", None)
         if cfg is not None and cfg is not model.config:

@@ -54,6 +54,21 @@ def test_generation_matches_dynamic_cache_tiny():
     assert cache.lengths(0).tolist() == [22] * 4
 
 
+def test_a_padded_batch_is_refused():
+    # transformers hands a custom attention function no mask: the padding would be attended silently
+    model = use_ragged_attention(use_ragged_attention(tiny_llama(0, **TINY)))  # switched twice: one hook
+    ids = prompt(2, 6)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    ref = model(input_ids=ids, attention_mask=mask, past_key_values=RaggedKVCache(), use_cache=True).logits
+    assert torch.equal(ref, model(input_ids=ids, past_key_values=RaggedKVCache(), use_cache=True).logits)
+    mask[0, :2] = 0
+    with pytest.raises(InputError, match="padded batch"):
+        model(input_ids=ids, attention_mask=mask, past_key_values=RaggedKVCache(), use_cache=True)
+    with pytest.raises(InputError, match="padded batch"):
+        model.generate(ids, attention_mask=mask, past_key_values=RaggedKVCache(), max_new_tokens=2, do_sample=False)
+    assert len(model._forward_pre_hooks) == 1
+
+
 def test_generation_through_triton_kernel_matches_dynamic_cache():
     # the decode steps through the Triton kernel (interpreted on CPU), launched from the cache's host lengths
     dense, _ = tiny_pair(seed=2)
