@@ -39,7 +39,7 @@ from forcedweight.deploy.allocate import budget_for, check_compression_ratio, ev
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.enforcement import (dense_bytes, masked_attention, masked_storage, token_cache, token_topk,
                                              token_union)
-from forcedweight.deploy.evaluate import RESULT_SCHEMA, evaluate
+from forcedweight.deploy.evaluate import RESULT_SCHEMA, check_forced_fit, evaluate
 from forcedweight.deploy.evaluate_protocol import continuation_nll, greedy_answer, prompt_ids
 from forcedweight.deploy.evaluate_report import _rows, paired, write_report
 from forcedweight.deploy.policies import POLICIES, make_policy
@@ -284,6 +284,10 @@ def enforcement_experiment(model, tasks, out, policy: str = "kvzip", allocator: 
     fio.check_output_file(target)
     with fio.output_lock(out, "contourkv enforcement"):
         loaded = loaded_model(model, "the ContourKV experiment")
+        for ex in examples:  # a ratio that cannot hold the policy's sinks + recent window: before any work
+            n = prompt_ids(loaded.tokenizer, ex).n_context
+            for ratio in ratios:
+                check_forced_fit(pol, policy, n, budget_for(n, 1, 1, ratio), f"--compression-ratio {ratio}", ex["id"])
         parts = out / ".enforcement.parts"
         state = {"tasks": str(Path(tasks).resolve()), "ids": [ex["id"] for ex in examples], "policy": policy,
                  "allocator": allocator, "ratios": ratios, "model": loaded.name}

@@ -155,12 +155,17 @@ def _check_examples(examples: list[dict], prompts: list[Prompt], methods: list[M
                 except InputError as e:
                     raise InputError(f"--tasks {path}: example {ex['id']}: {e}") from None
                 continue
-            per_head = _total_budget(pr.n_context, 1, 1, m)
-            need = min(pol.sinks + pol.recent, pr.n_context)
-            if per_head < need:
-                setting = f"--compression-ratio {m.ratio}" if m.ratio is not None else f"--budget {m.budget}"
-                raise InputError(f"{setting}: example {ex['id']} keeps {per_head} entries per KV head, below "
-                                 f"{m.policy}'s sinks + recent window ({need})")
+            setting = f"--compression-ratio {m.ratio}" if m.ratio is not None else f"--budget {m.budget}"
+            check_forced_fit(pol, m.policy, pr.n_context, _total_budget(pr.n_context, 1, 1, m), setting, ex["id"])
+
+
+def check_forced_fit(pol, name: str, n_context: int, per_head: int, setting: str, example_id) -> None:
+    """InputError naming ``setting`` (the option and its value) and the example when ``per_head`` kept entries
+    per KV head cannot hold policy ``pol``'s sinks + recent window over ``n_context`` tokens."""
+    need = min(pol.sinks + pol.recent, n_context)
+    if per_head < need:
+        raise InputError(f"{setting}: example {example_id} keeps {per_head} entries per KV head, below "
+                         f"{name}'s sinks + recent window ({need})")
 
 
 def _sampled_ratio(n_tokens: int, m: Method) -> float:

@@ -70,6 +70,10 @@ def test_enforcement_masked_equals_ragged_and_holds_the_dense_bytes(tmp_path):
         if st == "token_union":
             assert r["kept_entries"] >= by[(i, ratio, "ragged")]["kept_entries"]  # the union holds more
     assert "enforcing the nominal budget" in md.read_text()
+    # a ratio whose budget cannot hold the policy's sinks + recent window names the ratio (it named --budget)
+    with pytest.raises(InputError, match=r"--compression-ratio 0.99: example n-0 keeps 1 entries per KV head"):
+        enforcement_experiment(_model(), _tasks(tmp_path), tmp_path / "enf2", policy="streaming_llm", ratios=(0.99,))
+    assert not (tmp_path / "enf2" / "enforcement.parquet").exists()
 
 
 def test_enforcement_resumes_after_a_crash_and_equals_an_uninterrupted_run(tmp_path, monkeypatch):
