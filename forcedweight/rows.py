@@ -1,4 +1,4 @@
-"""The attention-row contract (SPEC §2): Arrow schema, validation, streaming Parquet I/O.
+"""The attention-row contract (docs/concepts.md): Arrow schema, validation, streaming Parquet I/O.
 
 One row is one query's attention over N keys in one head: weights ``p`` (N,) and values
 ``V`` (N, value_dim). Analysis always happens in float64 on renormalised weights.

@@ -1,4 +1,4 @@
-"""Certification (SPEC §5): the best kept subsets of a row, and what a solver proves about them.
+"""Certification (docs/enumerate.md): the best kept subsets of a row, and what a solver proves about them.
 
 options (``CertifyOptions``, the ``SOLVERS`` registry) → pool (the candidate pool, ``ES_pool``)
 → row (``certify_row`` in named steps) → record (the output schema, ``OUTPUT_COLUMNS``) → run

@@ -1,4 +1,4 @@
-"""Exact enumeration of every s-subset of a pool of keys (SPEC §5).
+"""Exact enumeration of every s-subset of a pool of keys (docs/enumerate.md).
 
 The pool itself (which keys, and how it shrinks) is ``forcedweight.certify.pool``.
 

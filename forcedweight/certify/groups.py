@@ -1,4 +1,4 @@
-"""Frozen-head group voting under GQA (SPEC §7): one kept set shared by a KV group's query heads.
+"""Frozen-head group voting under GQA (docs/report.md): one kept set shared by a KV group's query heads.
 
 For each KV group ``(model, text_id, layer, kv_head, query_pos)`` of dumped rows with G query
 heads present, and each subset H of those heads with ``2 <= |H| = g <= G``, the shared kept set

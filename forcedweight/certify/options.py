@@ -1,7 +1,7 @@
 """The settings of a certification (``CertifyOptions``) and the registry of exact solvers.
 
 ``SOLVERS`` maps each ``--solver`` name to a function
-``solve(p, V, s, incumbent, time_limit) -> (SolverResult, note)``, where ``note`` says when the
+``solve(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK) -> (SolverResult, note)``, where ``note`` says when the
 solver fell back to another one (recorded as ``reason``), else None. ``"none"`` maps to None
 (no solver runs). Adding a solver: write ``solvers/<name>.py`` returning a ``SolverResult`` and
 register a wrapper here.

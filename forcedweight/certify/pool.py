@@ -1,4 +1,4 @@
-"""THE candidate pool and ``ES_pool`` (SPEC §5), used by ``certify_row`` and group voting.
+"""THE candidate pool and ``ES_pool`` (docs/enumerate.md), used by ``certify_row`` and group voting.
 
 The pool is the top ``s + pool_mass`` keys by mass joined with the top ``pool_error`` keys by
 single-key error (``candidate_pool``). When it has more than ``max_subsets`` subsets of size s,

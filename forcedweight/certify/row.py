@@ -1,4 +1,4 @@
-"""Certification of one attention row and budget (SPEC §5): every heuristic, the pool, a solver.
+"""Certification of one attention row and budget (docs/enumerate.md): every heuristic, the pool, a solver.
 
 ``certify_row(row, s, options)`` returns one output record (``certify.record``): the forced-weight
 error of top-mass, balancing and the other selectors, the exact pool minimum ``es_pool``, and what

@@ -1,4 +1,4 @@
-"""Streaming, parallel, resumable certification of a rows file (SPEC §2, §5).
+"""Streaming, parallel, resumable certification of a rows file (docs/concepts.md, docs/certify.md).
 
 ``run_certify`` (behind ``certify.certify_file`` and ``forcedweight certify``):
 

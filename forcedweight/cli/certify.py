@@ -10,7 +10,7 @@ import typer
 
 
 def certify(
-    rows: Path = typer.Argument(..., help="Rows: a Parquet file or a directory of them (SPEC §2)."),
+    rows: Path = typer.Argument(..., help="Rows: a Parquet file or a directory of them (docs/concepts.md)."),
     s: List[int] = typer.Option(..., "--s", help="Budget (repeat for several: --s 4 --s 8)."),
     out: Path = typer.Option(..., "--out", help="Results Parquet file (written atomically)."),
     pool_mass: int = typer.Option(12, "--pool-mass", help="Top-mass keys beyond s in the candidate pool."),

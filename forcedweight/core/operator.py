@@ -1,4 +1,4 @@
-"""The forced-weight operator and its errors (SPEC §3), pure float64 NumPy.
+"""The forced-weight operator and its errors (docs/concepts.md), pure float64 NumPy.
 
 Notation: weights ``p`` (N,), values ``V`` (N, d), kept set ``S`` (an index array of size s).
 With ``a_i = p_i (v_i - mu)`` (the *centred contributions*, rows of ``A``), ``y = sum_{S} a_i``

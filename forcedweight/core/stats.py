@@ -1,4 +1,4 @@
-"""Statistics for the paper (SPEC §5, §7): pure functions over float64 arrays.
+"""Statistics for the paper (docs/enumerate.md, docs/report.md): pure functions over float64 arrays.
 
 Every function takes plain arrays and returns plain numbers (in small named tuples); none reads
 or writes files. A statistic that is undefined for its input (too few values, one class only,

@@ -1,4 +1,4 @@
-"""THE 1-swap search (SPEC §4): best-improving 1-swaps from any start set until none improves.
+"""THE 1-swap search (docs/concepts.md): best-improving 1-swaps from any start set until none improves.
 
 Used by balancing (start = top-mass), the warm-start polish of the branch and bound and the SCIP
 rounds (start = the incumbent). With ``a_i = p_i (v_i - mu)``, ``y = sum_S a_i`` and ``w = p(S)``,

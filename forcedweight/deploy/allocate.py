@@ -1,4 +1,4 @@
-"""Allocators: turn per-(layer, KV head) scores and one total budget into kept counts (SPEC §10).
+"""Allocators: turn per-(layer, KV head) scores and one total budget into kept counts (docs/concepts.md).
 
 An allocator returns an (L, H_kv) int64 array of counts that sums to the budget exactly, each count
 at most N and at least the segment's *floor* = its number of ``+inf`` scores (the sinks and recent

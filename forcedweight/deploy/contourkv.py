@@ -1,4 +1,4 @@
-"""ContourKV (paper 004 §4, SPEC §9): one shared threshold, a recency floor per head, and entries moved
+"""ContourKV (paper 004 §4; docs/contourkv.md): one shared threshold, a recency floor per head, and entries moved
 to the (layer, KV head) segments whose dropped mass predicts a residual gain.
 
 The score is the policy's (pluggable: ``kvzip`` the reference, so ContourKV and ``kvzip/global``

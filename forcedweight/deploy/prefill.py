@@ -1,4 +1,4 @@
-"""The context prefill shared by every eviction policy and budget (SPEC §10, the protocol's first step).
+"""The context prefill shared by every eviction policy and budget (docs/concepts.md, the protocol's first step).
 
 :func:`prefill_context` runs the context through the model once, with a dense ``DynamicCache``, and
 records what every policy may look at: the cache (post-RoPE keys, values), every layer's post-RoPE

@@ -4,7 +4,7 @@ Layout of a dump directory::
 
     manifest.json                    model, dtype, package versions, options, completion
     texts.parquet                    text_id, text, token_ids (every row can be recomputed)
-    rows-t{text:06d}-l{layer:03d}.parquet   rows of one text and layer (SPEC §2 schema)
+    rows-t{text:06d}-l{layer:03d}.parquet   rows of one text and layer (the row contract, docs/concepts.md)
     stats-t{text:06d}-l{layer:03d}.parquet  row_id, dropped_mass_s{S} (only with stats_s)
 
 Row ids are a running count in a fixed order (text, layer, head, position), computed from the
@@ -112,7 +112,7 @@ def package_versions() -> dict[str, str]:
 
 
 def capture_table(cap: LayerCapture, text_id: int, first_row_id: int, model_name: str, with_keys: bool):
-    """The schema and the Arrow record batches (SPEC §2 schema) of one captured layer, cut to bound
+    """The schema and the Arrow record batches (the row contract, docs/concepts.md) of one captured layer, cut to bound
     batch sizes; the batches come from a generator, built one at a time as they are consumed
     (a layer's rows hold R x N x d values, far more than the layer's own (H_kv, N, d) values)."""
     schema = rowsmod.row_schema(pa.float32(), with_keys=with_keys)

@@ -1,4 +1,4 @@
-"""NP-hard instance generators with proved answers (SPEC §6).
+"""NP-hard instance generators with proved answers (docs/instances.md).
 
 - :mod:`.partition`: ZEROES rows from balanced partition (uniform masses, 1-D integer values, s = m/2).
 - :mod:`.kveviction`: the PARTITION -> KVEVICTION construction of paper 000 (d = 1, all-ones K and q).

@@ -12,7 +12,7 @@ mean, so the error of I is ``|sum_I a / (n/2) - T / n| = |2 sum_I a - T| / n``: 
 yes-instance iff an equal-sum balanced split exists, and otherwise the smallest achievable error
 is the stated ``gap = min |2 sum_I a - T| / n > epsilon``.
 
-With uniform masses this error is exactly the forced-weight error E(I) of SPEC §3, so the rows
+With uniform masses this error is exactly the forced-weight error E(I) of docs/concepts.md, so the rows
 are ordinary attention rows (weights 1/n) that ``certify`` decides with ``s = n/2``; they carry
 ``keys``, ``query`` and ``logits`` for query-aware consumers, and ``r`` and ``epsilon`` columns.
 The integers, kinds, proofs and seeding are those of :mod:`forcedweight.instances.partition`.

@@ -1,4 +1,4 @@
-"""ZEROES rows from balanced partition (SPEC §6): instances of ES = 0 with proved answers.
+"""ZEROES rows from balanced partition (docs/instances.md): instances of ES = 0 with proved answers.
 
 Integers ``a_1..a_m`` (m even) become one attention row with N = m keys, uniform masses 1/m,
 1-D values ``a_i`` (exact float64 integers) and budget ``s = m/2``. Then

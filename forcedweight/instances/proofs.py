@@ -1,6 +1,6 @@
 """Independent proofs of balanced-partition answers (no MIP solver involved).
 
-The question behind every hardness instance (SPEC §6) is the *balanced partition* of integers
+The question behind every hardness instance (docs/instances.md) is the *balanced partition* of integers
 ``a_1..a_m`` (m even): is there a set ``S`` with ``|S| = m/2`` and ``sum_S a = sum_{S^c} a``?
 This module answers it exactly, in integer arithmetic, by meet-in-the-middle over **signed**
 sums: a split is a sign vector ``sigma`` (+1 in S, -1 outside) with ``sum sigma = 0``, and

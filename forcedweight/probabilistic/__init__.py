@@ -1,4 +1,4 @@
-"""Probabilistic KV eviction with decode-time importance-sampling correction (paper 000; SPEC §8).
+"""Probabilistic KV eviction with decode-time importance-sampling correction (paper 000; docs/probabilistic.md).
 
 - :mod:`.proposals`: proposals pi from eviction scores (H2O, SnapKV, K-norm, StreamingLLM, uniform),
   temperature, uniform mixing, the GQA-shared mixture, validation;

@@ -1,4 +1,4 @@
-"""``build_report``: every table and figure from ``certify`` output, and ``report.md`` (SPEC §5, §7).
+"""``build_report``: every table and figure from ``certify`` output, and ``report.md`` (docs/enumerate.md, docs/report.md).
 
 ``build_report`` reads a results file or directory (only the columns it needs, through
 ``polars.scan_parquet``), groups rows by family ``(model, layer, head, s)`` and pooled per

@@ -1,4 +1,4 @@
-"""Selectors (SPEC §4): each returns a kept set of size s for a row.
+"""Selectors (docs/concepts.md): each returns a kept set of size s for a row.
 
 Every selector is a small class with a ``name`` and ``select(row, s) -> (s,) int64`` (sorted)
 built on ``score(row) -> (N,) float64`` (higher = keep; ties to the lower index). Rows may be a

@@ -1,4 +1,4 @@
-"""Balancing: best-improvement 1-swaps from top-mass until none improves (SPEC §4).
+"""Balancing: best-improvement 1-swaps from top-mass until none improves (docs/concepts.md).
 
 The search itself is ``forcedweight.core.swaps.swap_search`` (the one 1-swap search, also used to
 polish the exact solvers' incumbents); balancing starts it from the top-mass set.

@@ -1,4 +1,4 @@
-"""Deployed eviction baselines scored on one row (SPEC §4).
+"""Deployed eviction baselines scored on one row (docs/concepts.md).
 
 - ``Random``: uniform scores from ``default_rng([seed, row_id])`` (deterministic per seed and row).
 - ``StreamingLLM``: 4 attention sinks + the most recent keys (key index = position, as in a dump).

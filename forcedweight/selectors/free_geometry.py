@@ -1,4 +1,4 @@
-"""Free-weight geometry selection: the kept set chosen to make EF small, then forced weights (SPEC §4).
+"""Free-weight geometry selection: the kept set chosen to make EF small, then forced weights (docs/concepts.md).
 
 ``geometric`` covers the value cloud (farthest points) and ignores where the output ``mu = p V``
 lies; this rule picks the keys whose convex hull comes closest to ``mu``, i.e. it greedily

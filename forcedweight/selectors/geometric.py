@@ -1,4 +1,4 @@
-"""Geometric selection: keys chosen by the geometry of V alone, then forced weights (SPEC §4).
+"""Geometric selection: keys chosen by the geometry of V alone, then forced weights (docs/concepts.md).
 
 Choice: greedy farthest-point traversal on the value vectors (Euclidean), started from the value
 farthest from the (unweighted) mean of V. Farthest-point sampling is the standard cheap cover of a

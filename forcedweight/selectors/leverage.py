@@ -1,4 +1,4 @@
-"""Leverage selection: the largest statistical leverage scores of V (SPEC §4).
+"""Leverage selection: the largest statistical leverage scores of V (docs/concepts.md).
 
 Leverage of key i = the i-th diagonal entry of the hat matrix ``H = X (X^T X)^+ X^T`` of the
 column-centred values ``X = V - mean(V)``; through a thin SVD ``X = U S W^T``,

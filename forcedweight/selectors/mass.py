@@ -1,4 +1,4 @@
-"""Top-mass: keep the s largest attention weights (SPEC §4); TOVA is the same rule on one row."""
+"""Top-mass: keep the s largest attention weights (docs/concepts.md); TOVA is the same rule on one row."""
 
 from __future__ import annotations
 

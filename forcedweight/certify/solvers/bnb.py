@@ -1,4 +1,4 @@
-"""Exact depth-first branch and bound over all N keys (SPEC §5), in Numba.
+"""Exact depth-first branch and bound over all N keys (docs/enumerate.md), in Numba.
 
 Keys are taken in the search's order (``search_order``: contribution norms ``||a_i||``,
 descending; masses break ties). A node is a partial set ``T`` (``y_T = sum_T a_i``,
@@ -14,7 +14,7 @@ keys remain to be chosen. With ``lam = best * (1 - rel_tol)`` a node is pruned w
 * projection (a linear test, exact for the ratio): for the unit vector ``u = y_T / ||y_T||``,
   ``||y_S|| >= <y_S, u>``, so ``E(S) >= lam`` for every completion when
   ``<y_T, u> - lam w_T + (sum of the r smallest (<a_k, u> - lam p_k) over R) >= 0``.
-  This is the SPEC bound ``||y_S|| >= ||y_T|| + (sum of the r smallest <y_T, a_k>) / ||y_T||``
+  This is the bound of docs/enumerate.md ``||y_S|| >= ||y_T|| + (sum of the r smallest <y_T, a_k>) / ||y_T||``
   with the mass folded into the same sum, hence never weaker than dividing by ``w_max``.
   The test is valid for *any* unit vector u, and its value is concave in u with supergradient
   ``y_T + sum_Z a_z`` (Z the minimising completion). When it fails, up to ``NREF = 8``

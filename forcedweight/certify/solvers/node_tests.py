@@ -1,4 +1,4 @@
-"""The prune tests of a branch-and-bound node (SPEC §5), in Numba: mass, box and projection,
+"""The prune tests of a branch-and-bound node (docs/enumerate.md), in Numba: mass, box and projection,
 and the key exclusion they allow.
 
 A node is a partial set ``T`` (``y_T = sum_T a_i``, ``w_T = p(T)``; level ``t = |T|``) plus its

@@ -1,4 +1,4 @@
-"""Certification with SCIP through pyscipopt (SPEC §5).
+"""Certification with SCIP through pyscipopt (docs/enumerate.md).
 
 "No kept set is better than t" is the infeasibility of the convex second-order cone
 
