@@ -442,6 +442,18 @@ def write_work_state(parts: Path, state: dict, done: dict[str, int]) -> None:
         tmp.write_text(json.dumps({**state, "parts": done}, indent=1))
 
 
+def file_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's content (hex): the identity of an input such as a task file in a resumable run's
+    fingerprint (a copy elsewhere is the same input; an edit in place is another)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def parquet_json_metadata(path: str | os.PathLike, key: bytes) -> dict | None:
     """The JSON record stored under ``key`` in a Parquet file's schema metadata (None when absent,
     unreadable, or the file does not exist)."""

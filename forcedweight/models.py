@@ -131,6 +131,18 @@ def load_model(spec: str | os.PathLike | None = None, dtype: str = "float32", de
         return _load(path, name, torch_dtype, device)
 
 
+def model_identity(loaded: LoadedModel) -> list:
+    """What a resumable run records of its model: the resolved source with the size and modification time of
+    each of its files (a GGUF file, or a model directory's top-level files), so another model, even one in a
+    directory of the same name, is another run. A model built in Python (``source`` "python") has only its
+    name."""
+    if loaded.source == "python":
+        return [f"python:{loaded.name}"]
+    path = Path(loaded.source).resolve()
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return [str(path)] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files if p.exists()]
+
+
 def loaded_model(model, purpose: str, device: str = "cpu", note=None) -> LoadedModel:
     """``model`` as a :class:`LoadedModel` with a tokenizer, for a command that needs one.
 

@@ -88,7 +88,11 @@ def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
     from forcedweight.errors import InputError
     from forcedweight.io import lock_path_for
 
-    for out in (tmp_path / "dump", tmp_path / "eval", tmp_path / "audit"):  # (audit took no lock: the last won)
+    from forcedweight.deploy.robustness import RobustnessConfig, run_robustness
+    from forcedweight.report import build_report
+
+    # (audit, report and robustness took no lock: the last run's tables won)
+    for out in (tmp_path / "dump", tmp_path / "eval", tmp_path / "audit", tmp_path / "report", tmp_path / "robust"):
         holder = subprocess.Popen([sys.executable, "-c", (
             "import sys, time; from forcedweight.io import output_lock\n"
             f"with output_lock({str(out)!r}, 'test holder'):\n"
@@ -100,6 +104,10 @@ def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
                     dump_rows("no-such-model", ["x"], out, progress=False)
                 elif out.name == "audit":
                     audit("no-such-model", tmp_path / "no-tasks.jsonl", out, ["knorm"], [0.5])
+                elif out.name == "report":
+                    build_report(tmp_path / "no-results.parquet", out)
+                elif out.name == "robust":
+                    run_robustness("no-such-model", tmp_path / "no-tasks.jsonl", out, RobustnessConfig())
                 else:
                     evaluate("no-such-model", tmp_path / "no-tasks.jsonl", out, ["none"])
             assert not out.exists() and lock_path_for(out).exists()

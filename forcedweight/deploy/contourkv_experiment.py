@@ -39,14 +39,14 @@ from forcedweight.deploy.allocate import budget_for, check_compression_ratio, ev
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.enforcement import (dense_bytes, masked_attention, masked_storage, token_cache, token_topk,
                                              token_union)
-from forcedweight.deploy.evaluate import RESULT_SCHEMA, check_forced_fit, evaluate
+from forcedweight.deploy.evaluate import RESULT_SCHEMA, check_forced_fit, evaluate, run_inputs
 from forcedweight.deploy.evaluate_protocol import continuation_nll, greedy_answer, prompt_ids
 from forcedweight.deploy.evaluate_report import _rows, paired, write_report
 from forcedweight.deploy.policies import POLICIES, make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
 from forcedweight.errors import InputError
-from forcedweight.models import loaded_model
+from forcedweight.models import loaded_model, model_identity
 
 RATIOS = (0.5, 0.75, 0.9)
 CONTOUR = ("kvzip/contourkv", "snapkv/contourkv")
@@ -99,12 +99,21 @@ def merge(out, ratios: Sequence[float] | None = None, baseline=None) -> Path:
     no ContourKV row holds are refused (InputError), so a merge never empties a finished run's tables."""
     out = Path(out)
     files = []
-    for group in sorted(p for p in out.iterdir() if p.is_dir() and p.name in groups()) if out.is_dir() else []:
+    # with a baseline the opponents' rows are its own: groups an earlier run left in OUT are not read
+    names = ("contourkv",) if baseline is not None else tuple(groups())
+    reference = run_inputs(out / "contourkv")
+    for group in sorted(p for p in out.iterdir() if p.is_dir() and p.name in names) if out.is_dir() else []:
+        if reference is not None and run_inputs(group) != reference:
+            raise InputError(f"{group}: run with another task file, model or seed than {out / 'contourkv'}; rerun it "
+                             f"(--only {group.name}) or remove it")
         # a finished group's results, else the parts of one still running (each a finished example)
         files += [group / "results.parquet"] if (group / "results.parquet").is_file() else \
             sorted((group / ".results.parquet.parts").glob("part-*.parquet"))
     if baseline is not None:
         files.append(_baseline_results(baseline))
+        if reference is not None and run_inputs(baseline) != reference:
+            raise InputError(f"--baseline {baseline}: an evaluate run of another task file, model or seed than "
+                             f"{out / 'contourkv'} (the pairs need the same examples and model)")
     tables = [pq.read_table(f) for f in files if f.is_file()]
     if not tables:
         raise InputError(f"{out}: no results to merge (run the experiment first)")
@@ -289,8 +298,8 @@ def enforcement_experiment(model, tasks, out, policy: str = "kvzip", allocator: 
             for ratio in ratios:
                 check_forced_fit(pol, policy, n, budget_for(n, 1, 1, ratio), f"--compression-ratio {ratio}", ex["id"])
         parts = out / ".enforcement.parts"
-        state = {"tasks": str(Path(tasks).resolve()), "ids": [ex["id"] for ex in examples], "policy": policy,
-                 "allocator": allocator, "ratios": ratios, "model": loaded.name}
+        state = {"tasks": fio.file_digest(tasks), "ids": [ex["id"] for ex in examples], "policy": policy,
+                 "allocator": allocator, "ratios": ratios, "model": model_identity(loaded)}
         done = fio.prepare_work_dir(parts, state, fio.stderr_notes())
         with fio.progress("contourkv enforcement", enabled=progress) as bar:
             task = bar.add_task("examples", total=len(examples), completed=len(done))

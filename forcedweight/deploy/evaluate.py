@@ -49,10 +49,10 @@ from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
 from forcedweight.errors import InputError, check_seed
-from forcedweight.models import LoadedModel, loaded_model
+from forcedweight.models import loaded_model, model_identity
 
 NONE = "none"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the task file by content, the model by models.model_identity
 #: the fingerprint of a run, kept in the metadata of its results.parquet
 STATE_KEY = "forcedweight.evaluate.state"
 #: test hook: SIGKILL this process after writing this many example parts (simulates a crash)
@@ -120,11 +120,27 @@ def methods_for(policies: Sequence[str], allocators: Sequence[str], ratios: Sequ
     return out
 
 
-def _fingerprint(tasks, model_spec: str, seed: int, query_aware: bool, policy_options: dict) -> dict:
-    st = Path(tasks).stat()
-    return {"version": STATE_VERSION, "tasks": [str(Path(tasks).resolve()), st.st_size, st.st_mtime_ns],
-            "model": model_spec, "seed": int(seed), "query_aware": bool(query_aware),
+def _fingerprint(tasks, model: list, seed: int, query_aware: bool, policy_options: dict) -> dict:
+    # the task file by content and the model by models.model_identity: another file or model is another run
+    return {"version": STATE_VERSION, "tasks": fio.file_digest(tasks),
+            "model": model, "seed": int(seed), "query_aware": bool(query_aware),
             "policy_options": {k: policy_options[k] for k in sorted(policy_options)}}
+
+
+INPUT_KEYS = ("version", "tasks", "model", "seed", "query_aware")  # a run's inputs, apart from the policies' options
+
+
+def run_inputs(out) -> dict | None:
+    """The inputs (``INPUT_KEYS`` of its fingerprint) of the evaluate run in directory ``out``: from its
+    ``results.parquet``, else from the parts of a run still going; None when neither records them."""
+    out = Path(out)
+    state = fio.parquet_json_metadata(out / "results.parquet", STATE_KEY.encode())
+    if state is None:
+        try:
+            state = json.loads((out / ".results.parquet.parts" / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+    return {k: state.get(k) for k in INPUT_KEYS} if isinstance(state, dict) else None
 
 
 def _done_keys(parts: Path) -> tuple[set, list[Path]]:
@@ -292,8 +308,7 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
 
     use_ragged_attention(mdl)
     parts = out / ".results.parquet.parts"
-    spec = loaded.source if not isinstance(model, (LoadedModel, tuple)) else f"python:{loaded.name}"
-    state = _fingerprint(tasks, spec, seed, query_aware, options)
+    state = _fingerprint(tasks, model_identity(loaded), seed, query_aware, options)
     fresh = not parts.exists()
     wanted = {m.key(ex["id"], query_aware) for ex in examples for m in methods}
     if fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state \
@@ -332,6 +347,8 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
     shutil.rmtree(parts, ignore_errors=True)
     if report:
         write_report(results, out / "report")
+    elif (out / "report").is_dir():  # the report of the rows just replaced: stale
+        shutil.rmtree(out / "report")
     return results
 
 

@@ -195,28 +195,30 @@ def _markdown(summ: list[dict], pairs: list[dict], figures: list[Path], source: 
     return "\n".join(lines)
 
 
+REPORT_FILES = ("summary.csv", "paired.csv", "paired.parquet", "report.md")  # and score_vs_bytes-<task>.png
+
+
 def write_report(results, out_dir, n_boot: int = 2000, seed: int = 0) -> Path:
     """Write the report of a results file (or an evaluate output directory) into ``out_dir``;
     return the path of ``report.md``."""
     rows = _rows(results)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summ, pairs = summary(rows), paired(rows, n_boot=n_boot, seed=seed)
-    _write_csv(summ, out_dir / "summary.csv")
-    _write_csv(pairs, out_dir / "paired.csv")
-    if pairs:
-        fio.write_table_atomic(pa.Table.from_pylist(pairs), out_dir / "paired.parquet")
-    figures = []
-    for task in sorted({r["task"] for r in summ}):
-        fig = score_figure(task, [r for r in summ if r["task"] == task])
-        target = out_dir / f"score_vs_bytes-{slug(task)}.png"
-        with fio.atomic_path(target, suffix=".png") as tmp:
-            fig.savefig(tmp, format="png")
-        figures.append(target)
     src = Path(results)
     if src.is_dir():
         src = src / "results.parquet" if (src / "results.parquet").is_file() else src / ".results.parquet.parts (partial)"
-    md = out_dir / "report.md"
-    with fio.atomic_path(md) as tmp:
-        tmp.write_text(_markdown(summ, pairs, figures, src))
-    return md
+    # staged: the files of an earlier report (its pairs, its tasks' figures) never stay beside this one's
+    owned = REPORT_FILES + tuple(p.name for p in out_dir.glob("score_vs_bytes-*.png"))
+    with fio.staged_outputs(out_dir, owned=owned) as stage:
+        _write_csv(summ, stage / "summary.csv")
+        _write_csv(pairs, stage / "paired.csv")
+        if pairs:
+            fio.write_table_atomic(pa.Table.from_pylist(pairs), stage / "paired.parquet")
+        figures = []
+        for task in sorted({r["task"] for r in summ}):
+            fig = score_figure(task, [r for r in summ if r["task"] == task])
+            name = f"score_vs_bytes-{slug(task)}.png"
+            fig.savefig(stage / name, format="png")
+            figures.append(out_dir / name)
+        (stage / "report.md").write_text(_markdown(summ, pairs, figures, src))
+    return out_dir / "report.md"

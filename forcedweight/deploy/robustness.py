@@ -140,7 +140,13 @@ def run_robustness(model, tasks, out, cfg: RobustnessConfig, command: str = "", 
                    quiet: bool = False, device: str = "cpu") -> Path:
     """Run (or resume) every evaluate run of the study and write the tables; return ``out/report.md``."""
     out = fio.check_output_dir(out)
-    read_tasks(tasks, cfg.max_examples)  # a bad task file fails before the model loads and any directory is made
+    with fio.output_lock(out, "probabilistic robustness"):
+        read_tasks(tasks, cfg.max_examples)  # a bad task file fails before the model loads and any directory is made
+        return _run_robustness(model, tasks, out, cfg, command, progress, quiet, device)
+
+
+def _run_robustness(model, tasks, out: Path, cfg: RobustnessConfig, command: str, progress: bool, quiet: bool,
+                    device: str) -> Path:
     loaded = loaded_model(model, "the robustness study", device=device,
                           note=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
     frames = []
@@ -165,9 +171,19 @@ def _write(df: pd.DataFrame, out: Path, name: str) -> None:
         df.to_csv(tmp, index=False)
 
 
+TABLES = ("results", "summary", "ranks", "win_scores", "win_scores_tau", "table1")
+OUTPUTS = tuple(f"{t}.{x}" for t in TABLES for x in ("parquet", "csv")) + ("report.md",)
+
+
 def write_tables(results: pd.DataFrame, out: Path, cfg: RobustnessConfig, command: str = "") -> Path:
-    """Summary, ranks, win scores, Table 1 and report.md from the gathered result rows."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Summary, ranks, win scores, Table 1 and report.md from the gathered result rows; staged
+    (``io.staged_outputs``): the previous tables are replaced all at once, the runs under ``runs/`` kept."""
+    with fio.staged_outputs(out, owned=OUTPUTS, keep=("runs",)) as stage:
+        _write_tables(results, stage, cfg, command)
+    return out / "report.md"
+
+
+def _write_tables(results: pd.DataFrame, out: Path, cfg: RobustnessConfig, command: str) -> Path:
     res = results[results["policy"] != "none"].copy()
     res["higher_is_better"] = [higher_is_better(m) for m in res["metric"]]
     # continuation: rank on the CE increase over the full cache (the same ranking as CE itself)
@@ -197,8 +213,7 @@ def write_tables(results: pd.DataFrame, out: Path, cfg: RobustnessConfig, comman
         effective_min=("effective_compression", "min"), effective_max=("effective_compression", "max"),
         n=("effective_compression", "size")).reset_index().rename(columns={"compression_ratio": "target"}))
     table1["error"] = table1["effective_mean"] - table1["target"]
-    for name, df in (("results", results), ("summary", summary), ("ranks", ranks), ("win_scores", wins_all),
-                     ("win_scores_tau", wins_tau), ("table1", table1)):
+    for name, df in zip(TABLES, (results, summary, ranks, wins_all, wins_tau, table1)):
         _write(df, out, name)
     return _report(out, summary, ranks, wins_all, wins_tau, table1, command)
 

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from forcedweight.errors import InputError, check_seed
-from forcedweight.io import atomic_path, command_line, staged_outputs
+from forcedweight.io import atomic_path, command_line, output_lock, staged_outputs
 from forcedweight.report import figures
 from forcedweight.report.markdown import render_markdown
 from forcedweight.report.provenance import REPORT_KEY, results_provenance, settings_lines
@@ -62,13 +62,19 @@ def build_report(
     if n_boot < 1:
         raise InputError(f"--n-boot: {n_boot} must be >= 1")
     check_seed(seed)
+    out = Path(out_dir)
+    with output_lock(out, "report"):  # a second report on the same out_dir while this one runs is refused
+        return _build(results_path, out, hard_threshold, groups_path, n_boot, seed, command)
+
+
+def _build(results_path, out: Path, hard_threshold: float, groups_path, n_boot: int, seed: int,
+           command: str | None) -> Path:
     df = load_results(results_path)
     gdf = load_groups(groups_path) if groups_path is not None else None
     tables = compute_tables(df, hard_threshold, n_boot, seed)
     if gdf is not None:
         tables["groups"] = group_summary(gdf, n_boot, seed)
 
-    out = Path(out_dir)
     # the whole report (tables/, figures/, report.md) is staged and moved into place at once: a
     # failure (a full disk) leaves the previous report as it was, never tables without figures
     with staged_outputs(out, owned=REPORT_OUTPUTS) as stage:
@@ -86,6 +92,5 @@ def build_report(
         )
         with atomic_path(stage / "report.md") as tmp:
             Path(tmp).write_text(text)
-    target = out / "report.md"
-    return target
+    return out / "report.md"
 

@@ -86,6 +86,25 @@ def test_bad_layers_refused_before_the_output_directory(setup, tmp_path, layer):
     assert not out.exists()
 
 
+def test_parts_of_one_directory_share_their_inputs(setup, tmp_path):
+    # report.md sets the parts side by side: a part left from another task file is refused, not reported with it
+    model, tasks, _ = setup
+    other = tmp_path / "other.jsonl"
+    other.write_text(tasks.read_text().replace("the key is", "the code is"))
+    out = tmp_path / "o"
+    base = ["audit", "--model", str(model), "--policy", "knorm", "--compression-ratio", "0.5", "--out", str(out),
+            "--no-progress", "--s", "4", "--layers", "1", "--selection", "top", "--ceiling-examples", "1"]
+    assert CliRunner().invoke(app, base + ["--tasks", str(tasks), "--part", "memory"]).exit_code == 0
+    before = (out / "report.md").read_text()
+    res = CliRunner().invoke(app, base + ["--tasks", str(other), "--part", "ceiling"])
+    assert res.exit_code == 2 and "memory.parquet was made from another task file or model" in res.output, res.output
+    assert not (out / "ceiling.parquet").exists() and (out / "report.md").read_text() == before
+    res = CliRunner().invoke(app, base + ["--tasks", str(tasks), "--part", "ceiling"])  # the same inputs: added
+    assert res.exit_code == 0 and (out / "ceiling.parquet").is_file(), res.output
+    res = CliRunner().invoke(app, base + ["--tasks", str(other), "--part", "memory,ceiling"])  # every part redone
+    assert res.exit_code == 0, res.output
+
+
 def test_missing_tasks_and_memory_alias(setup, tmp_path):
     res = CliRunner().invoke(app, ["audit", "--policy", "knorm", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--tasks" in res.output

@@ -105,3 +105,44 @@ def test_enforcement_resumes_after_a_crash_and_equals_an_uninterrupted_run(tmp_p
     assert a == b
     assert not (tmp_path / "b" / ".enforcement.parts").exists()
     assert whole.read_text() == (tmp_path / "b" / "enforcement.md").read_text()
+    # the parts of a killed run over another task file content are not resumed (only the path was recorded)
+    monkeypatch.setattr(ce, "enforcement_example", crash_on_third)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        ce.enforcement_experiment(_model(), tasks, tmp_path / "c", ratios=(0.5,), max_examples=3, progress=False)
+    tasks.write_text(_edited(tasks))
+    monkeypatch.setattr(ce, "enforcement_example", real)
+    ce.enforcement_experiment(_model(), tasks, tmp_path / "c", ratios=(0.5,), max_examples=3, progress=False)
+    ce.enforcement_experiment(_model(), tasks, tmp_path / "d", ratios=(0.5,), max_examples=3, progress=False)
+    c = [{k: v for k, v in r.items() if k not in drop} for r in pq.read_table(tmp_path / "c" / "enforcement.parquet").to_pylist()]
+    d = [{k: v for k, v in r.items() if k not in drop} for r in pq.read_table(tmp_path / "d" / "enforcement.parquet").to_pylist()]
+    assert c == d != a
+
+
+def _edited(tasks) -> str:
+    """The task file with every context changed (the same ids)."""
+    return tasks.read_text().replace("the quick brown fox", "a quick red fox")
+
+
+def test_merge_refuses_groups_of_other_inputs_and_reads_the_opponents_from_the_baseline(tmp_path):
+    from forcedweight.deploy.evaluate import evaluate
+
+    tasks = _tasks(tmp_path)
+    other = tmp_path / "other.jsonl"
+    other.write_text(_edited(tasks))
+    out, kw = tmp_path / "out", dict(ratios=(0.5,), max_examples=2, progress=False)
+    paired_experiment(_model(), tasks, out, **kw)
+    # ContourKV rerun on other contexts: the kvzip and uniform groups left from the first run were paired with it
+    with pytest.raises(InputError, match="kvzip: run with another task file, model or seed"):
+        paired_experiment(_model(), other, out, only=["contourkv"], **kw)
+    base = tmp_path / "base"
+    evaluate(_model(), other, base, ["kvzip"], ["global"], compression_ratios=[0.5], max_examples=2, progress=False,
+             report=False, quiet=True)
+    paired_experiment(_model(), other, out, baseline=base, **kw)  # the stale groups are not read
+    rows = pq.read_table(out / "results.parquet").to_pylist()
+    opponents = [r for r in rows if f"{r['policy']}/{r['allocator']}" not in ("kvzip/contourkv", "snapkv/contourkv")]
+    drop = ("prefill_s", "scoring_s", "evict_s", "decode_s")
+    strip = lambda rs: sorted(({k: v for k, v in r.items() if k not in drop} for r in rs), key=str)  # noqa: E731
+    assert strip(opponents) == strip(pq.read_table(base / "results.parquet").to_pylist())
+    with pytest.raises(InputError, match="--baseline .*another task file"):
+        paired_experiment(_model(), tasks, tmp_path / "out3", baseline=base, **kw)

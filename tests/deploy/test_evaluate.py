@@ -257,6 +257,35 @@ def test_cli_run_and_report(tasks_file, model_dir, tmp_path):
         str(out / "results.parquet"), str(out / "results.parquet"))
 
 
+def test_a_rerun_drops_the_last_reports_files(tasks_file, model_dir, tmp_path):
+    out = tmp_path / "run"
+    base = ("--model", model_dir, "--tasks", tasks_file, "--policy", "none,knorm,tova", "--out", out)
+    assert _cli(*base, "--compression-ratio", "0.5", "--compression-ratio", "0.8").exit_code == 0
+    rep = out / "report"
+    assert (rep / "score_vs_bytes-niah_multikey_2.png").is_file()
+    assert {p["method_b"] for p in _rows(rep / "paired.parquet")} >= {"tova/uniform"}
+    # fewer examples and one policy: no pair left, one task gone (the old paired table and figure stayed)
+    res = _cli(*base[:4], "--policy", "none,knorm", "--out", out, "--compression-ratio", "0.5", "--max-examples", "1")
+    assert res.exit_code == 0, res.output
+    assert not (rep / "paired.parquet").exists() and not (rep / "paired.csv").exists()
+    assert sorted(p.name for p in rep.glob("*.png")) == ["score_vs_bytes-niah_single_1.png"]
+    # --no-report: the report of the rows just replaced is removed, not left beside them
+    res = _cli(*base, "--compression-ratio", "0.8", "--max-examples", "1", "--no-report")
+    assert res.exit_code == 0 and not rep.exists(), res.output
+
+
+def test_another_model_of_the_same_name_is_another_run(tasks_file, tmp_path):
+    # a LoadedModel from a directory (as robustness, contourkv and the audit pass it) is fingerprinted by its
+    # files, not by its name: a second model in another folder called "tiny" used to reuse the first's rows
+    a = load_model(save_tiny_model(tmp_path / "a" / "tiny", seed=0, max_positions=WINDOW))
+    b = load_model(save_tiny_model(tmp_path / "b" / "tiny", seed=1, max_positions=WINDOW))
+    kw = dict(policies=["knorm"], compression_ratios=[0.5], max_examples=1, progress=False, quiet=True, report=False)
+    evaluate(a, tasks_file, tmp_path / "run", **kw)
+    got = _strip(_rows(evaluate(b, tasks_file, tmp_path / "run", **kw)))
+    assert got == _strip(_rows(evaluate(b, tasks_file, tmp_path / "fresh", **kw)))
+    assert got != _strip(_rows(evaluate(a, tasks_file, tmp_path / "fresh_a", **kw)))
+
+
 def test_paired_comparison_against_hand_count():
     rng = np.random.default_rng(3)
     a = rng.integers(0, 3, 40).astype(float)

@@ -8,6 +8,7 @@ part's table is written atomically as soon as it is done.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -24,7 +25,7 @@ from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import read_tasks
 from forcedweight.errors import InputError, check_seed
-from forcedweight.models import LoadedModel, loaded_model, peek_architecture
+from forcedweight.models import LoadedModel, loaded_model, model_identity, peek_architecture
 
 PARTS = ("memory", "leak", "ceiling")
 
@@ -58,6 +59,34 @@ def _check_layers(layers, n_layers: int | None) -> list[int]:
         shape = f" (the model has layers 0..{n_layers - 1})" if n_layers is not None else ""
         raise InputError(f"--layers: {bad or 'none'}{shape}")
     return layers
+
+
+PARTS_RECORD = ".audit-inputs.json"  # part -> the task file (by content) and model it was run on
+PART_FILES = {"memory": "memory.parquet", "leak": "leak.parquet", "ceiling": "ceiling.parquet"}
+
+
+def _recorded_parts(out: Path) -> dict:
+    try:
+        record = json.loads((out / PARTS_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _check_other_parts(out: Path, parts, inputs: dict) -> None:
+    """InputError when a part this run leaves as it is was made from another task file or model: the report
+    would set them side by side as one audit."""
+    for part, inp in _recorded_parts(out).items():
+        if part not in parts and (out / PART_FILES.get(part, "-")).is_file() and inp != inputs:
+            raise InputError(f"--out: {out / PART_FILES[part]} was made from another task file or model; run every "
+                             f"part on these inputs (--part {','.join(PARTS)}) or use another --out directory")
+
+
+def _record_part(out: Path, part: str, inputs: dict) -> None:
+    record = _recorded_parts(out)
+    record[part] = inputs
+    with fio.atomic_path(out / PARTS_RECORD) as tmp:
+        tmp.write_text(json.dumps(record))
 
 
 def audit(model, tasks, out, *args, **kwargs) -> Path:
@@ -127,6 +156,8 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
     mdl, tok = loaded.model, loaded.tokenizer
     n_layers = int(mdl.config.num_hidden_layers)
     layers = _check_layers(range(n_layers) if layers is None else layers, n_layers)
+    inputs = {"tasks": fio.file_digest(tasks), "model": model_identity(loaded)}
+    _check_other_parts(out, parts, inputs)
 
     if "memory" in parts:
         rows = []
@@ -137,10 +168,12 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
                 rows += memory_rows(prefill, pols, allocators, ratios, ex["id"], seed=seed)
                 bar.advance(task)
         fio.write_table_atomic(pa.Table.from_pylist(rows, schema=MEMORY_SCHEMA), out / "memory.parquet")
+        _record_part(out, "memory", inputs)
         note(f"wrote {out / 'memory.parquet'}")
     if "leak" in parts:
         leak_audit(loaded, tasks, out, list(pols), ratios, allocators, max_examples=max_examples, seed=seed,
                    progress=progress, quiet=quiet)
+        _record_part(out, "leak", inputs)
         note(f"wrote {out / 'leak.parquet'}")
     if "ceiling" in parts:
         rows, steps_rows = [], []
@@ -156,6 +189,7 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
                 fio.write_table_atomic(pa.Table.from_pylist(rows, schema=CEILING_SCHEMA), out / "ceiling.parquet")
                 fio.write_table_atomic(pa.Table.from_pylist(steps_rows, schema=STEP_SCHEMA),
                                        out / "ceiling_steps.parquet")
+                _record_part(out, "ceiling", inputs)
                 bar.advance(task)
         note(f"wrote {out / 'ceiling.parquet'}")
     return write_report(out)
