@@ -123,6 +123,14 @@ def check_dump_complete(path: str | os.PathLike, allow_incomplete: bool = False)
             f"`forcedweight dump`{of}); resume it by rerunning the same `forcedweight dump ... --out "
             f"{manifest_path.parent}` command, or pass --allow-incomplete to use the rows written so far"
         )
+    expected = manifest.get("n_rows")
+    if manifest.get("complete") is True and isinstance(expected, int) and Path(path).is_dir() \
+            and Path(path).resolve() == manifest_path.parent.resolve():  # the whole dump: every shard there
+        files = list_parquet_files(path) if expected else []
+        held = sum(open_parquet(f).metadata.num_rows for f in files)
+        if held != expected:
+            raise InputError(f"{manifest_path.parent}: damaged dump: manifest.json says {expected} rows, its row shards "
+                             f"hold {held} (a shard deleted or replaced); dump again into a new --out directory")
     return manifest
 
 
@@ -136,22 +144,31 @@ def check_output_dir(target: str | os.PathLike, option: str = "--out") -> Path:
 
 
 def check_output_file(target: str | os.PathLike) -> Path:
-    """Fail early, before any work, when ``target`` cannot be written as a file.
+    """Fail early, before any work, when ``target`` cannot be written as a file; creates nothing.
 
-    Creates the missing parent directories (as ``atomic_path`` would) and probes them with a
-    temporary file. Raises InputError naming ``target`` when it is an existing directory or its
-    directory cannot be created or written.
+    The directory is probed with a temporary file; a missing one (which ``atomic_path`` creates at the
+    first write) by its nearest existing ancestor, which must be a writable directory. Raises InputError
+    naming ``target`` when it is an existing directory, or a file stands in its path, or its directory
+    cannot be written.
     """
     target = Path(target)
     if target.is_dir():
-        raise InputError(f"{target}: output path is a directory")
+        raise InputError(f"--out: {target}: output path is a directory")
     parent = target.parent if str(target.parent) else Path(".")
+    ancestor = parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"--out: {target}: cannot write output ({ancestor} is not a directory)")
+    if ancestor != parent:
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise InputError(f"--out: {target}: cannot write output ({ancestor} is not writable)")
+        return target
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(prefix=f".{target.name}.", dir=parent):
             pass
     except OSError as exc:
-        raise InputError(f"{target}: cannot write output ({exc.strerror or exc})") from None
+        raise InputError(f"--out: {target}: cannot write output ({exc.strerror or exc})") from None
     return target
 
 
@@ -332,10 +349,43 @@ def output_lock(out: str | os.PathLike, command: str = "run"):
             _HELD[key] -= 1
         return
     parent = lock.parent
+    created = missing_dirs(parent)  # removed again, when still empty, if the command fails
+    ancestor = created[-1].parent if created else parent
+    if not ancestor.is_dir():
+        raise InputError(f"--out: {out}: cannot write output ({ancestor} is not a directory)")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"{out}: cannot write output ({exc.strerror or exc})") from None
+        raise InputError(f"--out: {out}: cannot write output ({exc.strerror or exc})") from None
+    with _remove_if_empty_on_error(created):
+        yield from _locked(out, command, lock, key)
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """The directories of ``path`` (itself included) that do not exist yet, deepest first."""
+    out = []
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+@contextlib.contextmanager
+def _remove_if_empty_on_error(dirs: list[Path]):
+    """On an exception, remove those of ``dirs`` (deepest first) that the failed command left empty: a bad
+    input found after the lock was taken leaves no empty output directory behind."""
+    try:
+        yield
+    except BaseException:
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+def _locked(out, command: str, lock: Path, key: str):
+    """The body of ``output_lock`` once ``lock``'s directory exists (a generator: yields once, locked)."""
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)

@@ -14,7 +14,7 @@ from pathlib import Path
 from forcedweight.certify import CertifyOptions, certify_file
 from forcedweight.dump import dump_rows
 from forcedweight.dump.corpus import builtin_texts
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
 from forcedweight.io import check_output_dir, command_line
 from forcedweight.report import build_report
 
@@ -46,6 +46,7 @@ class PipelineOptions:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
         if self.positions < 1:
             raise InputError(f"--positions must be >= 1, got {self.positions}")
+        check_seed(self.seed)
 
     def certify_options(self) -> CertifyOptions:
         return CertifyOptions(solver=self.solver, time_limit=self.time_limit, seed=self.seed)

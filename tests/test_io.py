@@ -91,8 +91,13 @@ def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
     from forcedweight.deploy.robustness import RobustnessConfig, run_robustness
     from forcedweight.report import build_report
 
-    # (audit, report and robustness took no lock: the last run's tables won)
-    for out in (tmp_path / "dump", tmp_path / "eval", tmp_path / "audit", tmp_path / "report", tmp_path / "robust"):
+    from forcedweight.deploy.tasks import write_task_file
+    from forcedweight.instances import write_partition
+    from forcedweight.models import byte_tokenizer
+
+    # (audit, report, robustness, instances and tasks took no lock: the last run's output won)
+    for out in (tmp_path / "dump", tmp_path / "eval", tmp_path / "audit", tmp_path / "report", tmp_path / "robust",
+                tmp_path / "inst" / "partition-m20.parquet", tmp_path / "tasks.jsonl"):
         holder = subprocess.Popen([sys.executable, "-c", (
             "import sys, time; from forcedweight.io import output_lock\n"
             f"with output_lock({str(out)!r}, 'test holder'):\n"
@@ -108,6 +113,10 @@ def test_dump_and_evaluate_hold_the_output_lock(tmp_path):
                     build_report(tmp_path / "no-results.parquet", out)
                 elif out.name == "robust":
                     run_robustness("no-such-model", tmp_path / "no-tasks.jsonl", out, RobustnessConfig())
+                elif out.name == "tasks.jsonl":
+                    write_task_file(byte_tokenizer(), ["niah_single_1"], 300, 1, out)
+                elif out.parent.name == "inst":
+                    write_partition(out.parent, 20, 2, 0)
                 else:
                     evaluate("no-such-model", tmp_path / "no-tasks.jsonl", out, ["none"])
             assert not out.exists() and lock_path_for(out).exists()

@@ -85,6 +85,15 @@ def test_bad_files(tmp_path):
     pq.write_table(pa.table({"weights": [[1.0]]}), tmp_path / "cols.parquet")
     with pytest.raises(errors.InputError, match="missing required column"):
         list(rows.iter_batches(tmp_path / "cols.parquet"))
+    # columns of the wrong type: one line naming the column (a text row_id was a ValueError in certify)
+    good = {"weights": [[0.5, 0.5]], "values": [[1.0, 2.0]], "value_dim": [1], "row_id": [0]}
+    for name, bad, kind in (("row_id", ["a"], "integers"), ("value_dim", ["1"], "integers"),
+                            ("weights", [["0.5", "0.5"]], "lists of numbers"), ("values", [1.0], "lists of numbers")):
+        pq.write_table(pa.table({**good, name: bad}), tmp_path / "typed.parquet")
+        with pytest.raises(errors.InputError, match=f"typed.parquet: column {name} holds .*, not {kind}"):
+            list(rows.iter_batches(tmp_path / "typed.parquet"))
+    pq.write_table(pa.table(good), tmp_path / "typed.parquet")
+    assert len(list(rows.iter_batches(tmp_path / "typed.parquet"))) == 1
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(errors.InputError, match="no .parquet files"):
@@ -117,12 +126,21 @@ def test_output_path_that_is_a_directory_or_unwritable(tmp_path):
     with pytest.raises(errors.InputError, match="adir: output path is a directory"):
         fio.check_output_file(tmp_path / "adir")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(errors.InputError, match="cannot write output"):
-        fio.check_output_file(tmp_path / "file" / "out.parquet")
-    # a writable target: missing parents are created, the probe leaves nothing behind
-    assert fio.check_output_file(tmp_path / "new" / "out.parquet") == tmp_path / "new" / "out.parquet"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "file", "new"]
-    assert list((tmp_path / "new").iterdir()) == [] and list((tmp_path / "adir").iterdir()) == []
+    with pytest.raises(errors.InputError, match="out.parquet: cannot write output .*file is not a directory"):
+        fio.check_output_file(tmp_path / "file" / "sub" / "out.parquet")
+    # a writable target: nothing is created (missing parents are made by the first write), the probe leaves nothing
+    assert fio.check_output_file(tmp_path / "new" / "sub" / "out.parquet") == tmp_path / "new" / "sub" / "out.parquet"
+    assert fio.check_output_file(tmp_path / "adir" / "out.parquet") == tmp_path / "adir" / "out.parquet"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "file"] and not list((tmp_path / "adir").iterdir())
+    # a lock on an output under missing directories: they are removed again when the command fails
+    with pytest.raises(errors.InputError, match="bad input"):
+        with fio.output_lock(tmp_path / "new" / "sub" / "out"):
+            assert (tmp_path / "new" / "sub").is_dir()
+            raise errors.InputError("bad input")
+    assert not (tmp_path / "new").exists()
+    with fio.output_lock(tmp_path / "new" / "sub" / "out"):  # kept on success
+        pass
+    assert (tmp_path / "new" / "sub").is_dir()
 
 
 def test_load_rows_scans_the_row_shards_of_a_dump_only(tmp_path):

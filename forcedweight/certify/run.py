@@ -53,7 +53,7 @@ from forcedweight.certify.record import invalid_record, output_schema, records_t
 from forcedweight.certify.row import certify_row, needs_solver
 from forcedweight.certify.warmup import warm_up
 from forcedweight.errors import InputError, RowError
-from forcedweight.rows import InvalidRow, keys_query_problem
+from forcedweight.rows import InvalidRow, check_columns, keys_query_problem
 
 STATE_VERSION = 1
 #: test hook: SIGKILL this process after writing this many parts (simulates a crash)
@@ -80,16 +80,6 @@ def _flat(col: pa.Array, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return flat, np.repeat(np.arange(lens.size), np.maximum(lens, 0))
 
 
-def _check_list_type(path: Path, schema: pa.Schema, name: str) -> None:
-    if name not in schema.names:
-        return
-    t = schema.field(name).type
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
-        pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type)
-    ):
-        raise InputError(f"{path}: column {name} must be a list of numbers, not {t}")
-
-
 def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Sequence[int],
                 options: CertifyOptions | None = None):
     """Validate one batch of rows and budgets; yields ``(row_id, s or None, reason)`` per bad one.
@@ -99,8 +89,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     """
     n = batch.num_rows
     names = batch.schema.names
-    for name in ("weights", "values", "keys", "query"):
-        _check_list_type(source, batch.schema, name)
+    check_columns(source, batch.schema, ())  # the columns' types (rows.check_columns)
     ids = batch_ids(batch, start)
     w = batch.column("weights")
     wl = _lengths(w)
@@ -108,9 +97,6 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     vcol = batch.column("values")
     vl = _lengths(vcol)
     vf, vr = _flat(vcol, vl)
-    vtype = batch.schema.field("value_dim").type
-    if not (pa.types.is_integer(vtype) or pa.types.is_floating(vtype)):
-        raise InputError(f"{source}: column value_dim must hold integers, not {vtype}")
     vd_raw = pc.fill_null(batch.column("value_dim"), 0).to_numpy(zero_copy_only=False).astype(np.float64)
     vd = np.where(np.isfinite(vd_raw), vd_raw, 0).astype(np.int64)
     frac = np.isfinite(vd_raw) & (vd_raw != np.floor(vd_raw))
@@ -199,7 +185,11 @@ def batch_ids(batch: pa.RecordBatch, start: int) -> np.ndarray:
     if "row_id" not in batch.schema.names:
         return np.arange(start, start + n, dtype=np.int64)
     ids = batch.column("row_id").to_numpy(zero_copy_only=False)
-    return np.where(_isnull(ids), np.arange(start, start + n), ids).astype(np.int64)
+    ids = np.where(_isnull(ids), np.arange(start, start + n), ids)
+    if ids.dtype.kind == "f" and not np.all(ids == np.round(ids)):  # (astype would truncate 2.5 to 2)
+        i = int(np.flatnonzero(ids != np.round(ids))[0])
+        raise InputError(f"row {start + i}: row_id {ids[i]!r} is not an integer")
+    return ids.astype(np.int64)
 
 
 def check_unique_ids(seen: list[np.ndarray], files: list[tuple[int, Path]]) -> None:

@@ -4,6 +4,7 @@ versus ragged), printed as a table; optional JSON output. The memory part of ``f
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -31,7 +32,7 @@ def memory(
     """
     from forcedweight.deploy.memory import audit_memory, format_audit
     from forcedweight.errors import InputError
-    from forcedweight.io import atomic_path, check_output_file
+    from forcedweight.io import atomic_path, check_output_file, output_lock
 
     if old_ratio is not None:
         raise InputError(f"--ratio {old_ratio} (the kept fraction) was renamed: give --compression-ratio "
@@ -40,10 +41,11 @@ def memory(
         check_output_file(out)  # an unwritable --out fails before the audit
     if budget is None and compression_ratio is None:
         compression_ratio = DEFAULT_RATIO  # no option: the audit at half the cache evicted
-    result = audit_memory(model, tokens, budget=budget, compression_ratio=compression_ratio, seed=seed)
-    if out is not None:
-        with atomic_path(out) as tmp:
-            Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
+    with output_lock(out, "memory") if out is not None else contextlib.nullcontext():
+        result = audit_memory(model, tokens, budget=budget, compression_ratio=compression_ratio, seed=seed)
+        if out is not None:
+            with atomic_path(out) as tmp:
+                Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
     typer.echo(format_audit(result))
     typer.echo("note: one random selection; `forcedweight audit --part memory --policy P --compression-ratio R` "
                "audits real policies", err=True)

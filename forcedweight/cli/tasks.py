@@ -24,11 +24,17 @@ def tasks(
     from forcedweight.cli.options import split_list
     from forcedweight.models import loaded_model
 
+    from forcedweight.errors import InputError, check_seed
+
     names = split_list(kinds)
     check_task_options(names, tokens, n, max_new_tokens)  # before the model loads
+    check_seed(seed)
     task_file_kind(out)
     check_output_file(out)
     loaded = loaded_model(model, "forcedweight tasks", note=lambda msg: typer.echo(msg, err=True))
+    window = getattr(loaded.model.config, "max_position_embeddings", None)
+    if window is not None and tokens > window:  # evaluate would refuse every example of the file
+        raise InputError(f"--tokens: {tokens} exceeds the model's window of {window}")
     typer.echo(str(write_task_file(loaded.tokenizer, names, tokens, n, out, seed, max_new_tokens)))
 
 

@@ -68,6 +68,8 @@ def paired_experiment(model, tasks, out, ratios: Sequence[float] = RATIOS, max_e
     """
     out = Path(out)
     todo = groups()
+    ratios = [check_compression_ratio(r) for r in ratios]  # the ratios and the task file before any model loads
+    read_tasks(tasks, max_examples)
     if baseline is not None:
         _baseline_results(baseline)  # before any group runs
         todo = {"contourkv": todo["contourkv"]}

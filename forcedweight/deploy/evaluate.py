@@ -44,7 +44,7 @@ from forcedweight.deploy.allocate import (budget_for, budget_ratio, check_compre
                                           select)
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate_protocol import Prompt, continuation_nll, greedy_answer, prompt_ids
-from forcedweight.deploy.evaluate_report import write_report
+from forcedweight.deploy.evaluate_report import RESULT_SCHEMA, write_report  # (RESULT_SCHEMA: the rows it reads)
 from forcedweight.deploy.policies import make_policy
 from forcedweight.deploy.prefill import prefill_context
 from forcedweight.deploy.tasks import CONTINUATION_TASK, metric_for_task, read_tasks, score_answer
@@ -58,16 +58,6 @@ STATE_KEY = "forcedweight.evaluate.state"
 #: test hook: SIGKILL this process after writing this many example parts (simulates a crash)
 KILL_HOOK = "FORCEDWEIGHT_TEST_KILL_AFTER_EXAMPLES"
 
-RESULT_SCHEMA = pa.schema([
-    ("id", pa.string()), ("task", pa.string()), ("metric", pa.string()), ("policy", pa.string()),
-    ("allocator", pa.string()), ("compression_ratio", pa.float64()), ("budget", pa.float64()),
-    ("query_aware", pa.bool_()), ("seed", pa.int64()), ("answer", pa.string()), ("score", pa.float64()),
-    ("ce_full", pa.float64()), ("ce_delta", pa.float64()), ("physical_bytes", pa.int64()),
-    ("nominal_bytes", pa.int64()), ("dense_bytes", pa.int64()), ("kept_entries", pa.int64()),
-    ("context_tokens", pa.int64()), ("answer_tokens", pa.int64()), ("prefill_s", pa.float64()),
-    ("scoring_s", pa.float64()), ("evict_s", pa.float64()), ("decode_s", pa.float64()),
-    ("effective_compression", pa.float64()),
-])
 KEY = ("id", "policy", "allocator", "compression_ratio", "budget", "query_aware")
 
 

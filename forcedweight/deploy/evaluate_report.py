@@ -35,6 +35,19 @@ from forcedweight.deploy.tasks import higher_is_better  # noqa: E402
 from forcedweight.errors import InputError  # noqa: E402
 
 
+#: the result rows ``evaluate`` writes (one per example and method) and this report reads
+RESULT_SCHEMA = pa.schema([
+    ("id", pa.string()), ("task", pa.string()), ("metric", pa.string()), ("policy", pa.string()),
+    ("allocator", pa.string()), ("compression_ratio", pa.float64()), ("budget", pa.float64()),
+    ("query_aware", pa.bool_()), ("seed", pa.int64()), ("answer", pa.string()), ("score", pa.float64()),
+    ("ce_full", pa.float64()), ("ce_delta", pa.float64()), ("physical_bytes", pa.int64()),
+    ("nominal_bytes", pa.int64()), ("dense_bytes", pa.int64()), ("kept_entries", pa.int64()),
+    ("context_tokens", pa.int64()), ("answer_tokens", pa.int64()), ("prefill_s", pa.float64()),
+    ("scoring_s", pa.float64()), ("evict_s", pa.float64()), ("decode_s", pa.float64()),
+    ("effective_compression", pa.float64()),
+])
+
+
 def method_name(row: dict) -> str:
     return "none" if row["policy"] == "none" else f"{row['policy']}/{row['allocator']}"
 
@@ -50,12 +63,27 @@ def _rows(results) -> list[dict]:
     if not files[0].is_file():
         raise InputError(f"{files[0]}: no such results file (run forcedweight evaluate first)")
     try:
-        rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+        tables = [pq.read_table(f) for f in files]
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
-    need = {"id", "task", "metric", "policy", "allocator", "compression_ratio", "score", "physical_bytes"}
-    if rows and not need <= set(rows[0]):
-        raise InputError(f"{path}: not an evaluate results file (missing {', '.join(sorted(need - set(rows[0])))})")
+    need = ("id", "task", "metric", "policy", "allocator", "compression_ratio", "score", "physical_bytes")
+    for f, t in zip(files, tables):
+        missing = [c for c in need if c not in t.column_names]
+        if missing:
+            raise InputError(f"{f}: not an evaluate results file (missing {', '.join(missing)})")
+        for c in need + tuple(c for c in ("budget", "context_tokens") if c in t.column_names):
+            want, got = RESULT_SCHEMA.field(c).type, t.schema.field(c).type
+            text = pa.types.is_string(want)
+            if not ((pa.types.is_string(got) or pa.types.is_large_string(got)) if text else
+                    (pa.types.is_integer(got) or pa.types.is_floating(got) or pa.types.is_null(got))):
+                raise InputError(f"{f}: column {c} holds {got}, not {'text' if text else 'numbers'}")
+    rows = [r for t in tables for r in t.to_pylist()]
+    if not rows:
+        raise InputError(f"{path}: no result rows")
+    for i, r in enumerate(rows):
+        empty = [c for c in need if c != "score" and r[c] is None and not (c == "compression_ratio" and r.get("budget") is not None)]
+        if empty:
+            raise InputError(f"{path}: result row {i} (id {r['id']!r}) has no {empty[0]}")
     for r in rows:
         r["method"] = method_name(r)
         r["ratio"] = setting_ratio(r)

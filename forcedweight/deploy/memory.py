@@ -42,10 +42,16 @@ def recency_random_selection(n: int, s: int, segments: int, seed: int) -> list[n
     return out
 
 
+TINY_WINDOW = 32768  # the tiny model's window: its positions grow with --tokens up to this (a prefill of more
+# tokens on the CPU takes minutes, and ~1e11 tokens asked for terabytes before any check)
+
+
 def _load(model, seed: int, tokens: int):
     if not isinstance(model, str):
         return model, getattr(model, "name_or_path", type(model).__name__)
     if model == "tiny":
+        if tokens > TINY_WINDOW:
+            raise InputError(f"--tokens: {tokens} exceeds the tiny model's window of {TINY_WINDOW}")
         return tiny_llama(seed, max_positions=max(512, tokens)), "tiny"
     loaded = load_model(model)
     return loaded.model, loaded.name
@@ -99,9 +105,9 @@ def audit_memory(model="tiny", tokens: int = 512, budget: int | None = None,
         raise InputError(f"--tokens: {tokens} exceeds the model's window of {window}")
     vocab = lm.config.vocab_size
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, tokens), generator=g).to(lm.device)
     dense = DynamicCache(config=lm.config)
     try:
+        ids = torch.randint(0, vocab, (batch, tokens), generator=g).to(lm.device)
         with torch.no_grad():
             lm(input_ids=ids, use_cache=True, **cache_kwargs(dense))
     except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator raises RuntimeError, CUDA OutOfMemoryError

@@ -70,6 +70,8 @@ class RobustnessConfig:
         for t in self.taus:
             if not float(t) > 0:
                 raise InputError(f"--taus: {t} must be > 0 (inf = uncorrected)")
+        if not self.taus and not self.uncorrected:  # no sampled run at all (it failed after the model load)
+            raise InputError("--taus: give at least one τ, or keep the uncorrected runs (--uncorrected)")
         if not self.seeds:
             raise InputError("--seeds: give at least one seed")
         for s in self.seeds:

@@ -43,6 +43,9 @@ _EXIT_AFTER_ENV = "FORCEDWEIGHT_DUMP_EXIT_AFTER_SHARDS"  # test hook: simulate k
 _MAX_PENDING_WRITES = 4
 
 
+MAX_INDEX = 100_000  # the largest layer or head index a list may name (the model's own range is checked later)
+
+
 def parse_index_list(spec: str | Sequence[int] | None, option: str) -> list[int] | None:
     """Parse ``"0,3,5-7"`` into ``[0, 3, 5, 6, 7]`` (sorted, unique); None stays None."""
     if spec is None:
@@ -58,6 +61,8 @@ def parse_index_list(spec: str | Sequence[int] | None, option: str) -> list[int]
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise InputError(f"{option}: empty range {part!r}")
+        if hi > MAX_INDEX:  # checked before the range is built: "0-99999999999" filled the memory
+            raise InputError(f"{option}: {part!r} reaches index {hi}; no model has more than {MAX_INDEX:,} layers or heads")
         out.update(range(lo, hi + 1))
     return sorted(out)
 
@@ -403,11 +408,7 @@ def dump_rows(model, texts: Sequence[str], out_dir: str | os.PathLike, *args, **
     this one runs is refused with one line naming the holder.
     """
     out = fio.check_output_dir(out_dir)
-    try:  # the lock file lives beside the output directory
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"--out: {out}: cannot create the output directory ({exc.strerror or exc})") from None
-    with fio.output_lock(out, "dump"):
+    with fio.output_lock(out, "dump"):  # (its lock file lives beside the output directory)
         return _dump_rows(model, texts, out_dir, *args, **kwargs)
 
 

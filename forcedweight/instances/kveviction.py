@@ -25,6 +25,7 @@ from typing import Iterable
 
 import pyarrow as pa
 
+from forcedweight.io import output_lock
 from forcedweight.instances.partition import (
     KINDS,
     PARTITION_FIELDS,
@@ -71,9 +72,10 @@ def write_kveviction(out_dir: str | Path, m: int, count: int, seed: int, bits: i
     """Generate and write ``out_dir/kveviction-m{m}.parquet`` plus a JSON manifest beside it
     (``even_total``: see ``partition.make_instance``)."""
     bits, kinds, seed = check_request(m, count, seed, bits, kinds, even_total)
-    instance_targets(out_dir, f"kveviction-m{m}")  # before any work
-    rows = [kveviction_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
-    manifest = _manifest("partition-to-kveviction (paper 000)", m, count, seed, bits, kinds, rows)
-    manifest.update(even_total=bool(even_total), d=1, r=RATIO, epsilon=EPSILON,
-                    question="exists I, |I| = (1 - r) n, with |attn(q, K_I, v_I) - attn(q, K, v)| <= epsilon")
-    return write_instances(rows_table(rows, KVEVICTION_FIELDS), out_dir, f"kveviction-m{m}", manifest)
+    parquet, _ = instance_targets(out_dir, f"kveviction-m{m}")  # before any work
+    with output_lock(parquet, "instances"):
+        rows = [kveviction_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
+        manifest = _manifest("partition-to-kveviction (paper 000)", m, count, seed, bits, kinds, rows)
+        manifest.update(even_total=bool(even_total), d=1, r=RATIO, epsilon=EPSILON,
+                        question="exists I, |I| = (1 - r) n, with |attn(q, K_I, v_I) - attn(q, K, v)| <= epsilon")
+        return write_instances(rows_table(rows, KVEVICTION_FIELDS), out_dir, f"kveviction-m{m}", manifest)

@@ -34,8 +34,8 @@ import pyarrow as pa
 from forcedweight.core import operator
 from forcedweight.instances.proofs import MAX_M, prove_balanced, verify_witness
 from forcedweight.errors import InputError, check_seed
-from forcedweight.io import (atomic_path, check_output_dir, check_output_file, progress as progress_bar,
-                             write_table_atomic)
+from forcedweight.io import (atomic_path, check_output_dir, check_output_file, output_lock,
+                             progress as progress_bar, write_table_atomic)
 
 KINDS = ("yes", "no", "near_miss")
 MAX_DRAWS = 10_000
@@ -308,8 +308,9 @@ def write_partition(out_dir: str | Path, m: int, count: int, seed: int, bits: in
                     kinds: Iterable[str] | str = KINDS, progress: bool = False, even_total: bool = True) -> Path:
     """Generate and write ``out_dir/partition-m{m}.parquet`` plus a JSON manifest beside it."""
     bits, kinds, seed = check_request(m, count, seed, bits, kinds, even_total)
-    instance_targets(out_dir, f"partition-m{m}")  # before any work
-    rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
-    manifest = _manifest("zeroes-from-balanced-partition", m, count, seed, bits, kinds, rows)
-    manifest["even_total"] = bool(even_total)
-    return write_instances(rows_table(rows, PARTITION_FIELDS), out_dir, f"partition-m{m}", manifest)
+    parquet, _ = instance_targets(out_dir, f"partition-m{m}")  # before any work
+    with output_lock(parquet, "instances"):
+        rows = [partition_row(inst) for inst in generate(m, count, seed, bits, kinds, progress, even_total)]
+        manifest = _manifest("zeroes-from-balanced-partition", m, count, seed, bits, kinds, rows)
+        manifest["even_total"] = bool(even_total)
+        return write_instances(rows_table(rows, PARTITION_FIELDS), out_dir, f"partition-m{m}", manifest)

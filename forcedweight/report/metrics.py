@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from forcedweight.core import stats as st
 from forcedweight.errors import InputError
@@ -31,6 +32,7 @@ NOT_SELECTORS = ("es_pool", "es_best")
 #: Columns of ``forcedweight groups`` output that the report needs.
 GROUP_COLUMNS = ("model", "s", "g", "cost_top", "cost_pool")
 KEYS = ["scope", "model", "layer", "head", "s"]
+TEXT_COLUMNS = ("status", "model")  # the other required columns hold numbers
 
 
 def _check_files(path, required: Sequence[str], what: str) -> list[Path]:
@@ -44,6 +46,13 @@ def _check_files(path, required: Sequence[str], what: str) -> list[Path]:
                 f"{f}: not {what} output (missing column(s) {', '.join(missing)}); "
                 f"was it written by another tool or version?"
             )
+        for c in required:  # a column of the wrong type is one line here, not a cast error deep in polars
+            t = pf.schema_arrow.field(c).type
+            text = c in TEXT_COLUMNS
+            if not ((pa.types.is_string(t) or pa.types.is_large_string(t)) if text else
+                    (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t))):
+                raise InputError(f"{f}: column {c} holds {t}, not {'text' if text else 'numbers'}; "
+                                 f"was it written by another tool or version?")
         total += pf.metadata.num_rows
     if total == 0:
         raise InputError(f"{path}: no rows (empty {what} output)")
@@ -71,6 +80,13 @@ def load_results(path: str | os.PathLike) -> pl.DataFrame:
     for c in ("n_keys", "text_id"):
         if c not in df.columns:
             df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias(c))
+    for c in ("row_id", "s", "status"):  # every row needs these (the other columns may be null)
+        if df.get_column(c).null_count():
+            i = int(df.get_column(c).is_null().arg_max())
+            raise InputError(f"{path}: row {i} of the certify output has no {c}")
+    bad = df.filter(~pl.col("status").cast(pl.Utf8).is_in(STATUSES))
+    if bad.height:
+        raise InputError(f"{path}: unknown status {bad.get_column('status')[0]!r} (known: {', '.join(STATUSES)})")
     return df.with_columns(
         pl.col("n_keys").cast(pl.Int64),
         pl.col("text_id").cast(pl.Int64),

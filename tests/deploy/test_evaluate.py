@@ -23,6 +23,7 @@ from forcedweight.core.stats import paired_comparison
 from forcedweight.deploy.allocate import budget_for
 from forcedweight.deploy.attention import use_ragged_attention
 from forcedweight.deploy.evaluate import KILL_HOOK, evaluate
+from forcedweight.errors import InputError
 from forcedweight.deploy.evaluate_protocol import greedy_answer, prompt_ids
 from forcedweight.deploy.evaluate_report import paired as paired_table, setting_ratio
 from forcedweight.deploy.policies import KnormPolicy
@@ -284,6 +285,31 @@ def test_another_model_of_the_same_name_is_another_run(tasks_file, tmp_path):
     got = _strip(_rows(evaluate(b, tasks_file, tmp_path / "run", **kw)))
     assert got == _strip(_rows(evaluate(b, tasks_file, tmp_path / "fresh", **kw)))
     assert got != _strip(_rows(evaluate(a, tasks_file, tmp_path / "fresh_a", **kw)))
+
+
+def test_report_of_a_damaged_results_file_is_one_line(tmp_path):
+    import pyarrow as pa
+
+    from forcedweight.deploy.evaluate_report import RESULT_SCHEMA, write_report
+
+    row = {c: None for c in RESULT_SCHEMA.names} | dict(
+        id="a", task="niah_single_1", metric="string_match_all", policy="knorm", allocator="uniform",
+        compression_ratio=0.5, score=1.0, physical_bytes=10, context_tokens=100)
+    good = pa.Table.from_pylist([row], schema=RESULT_SCHEMA)
+    pq.write_table(good, tmp_path / "good.parquet")
+    assert write_report(tmp_path / "good.parquet", tmp_path / "r").is_file()
+    # each was a TypeError deep in the summary
+    i = RESULT_SCHEMA.get_field_index("score")
+    pq.write_table(good.set_column(i, "score", pa.array(["1.0"])), tmp_path / "text.parquet")
+    nulls = good.set_column(RESULT_SCHEMA.get_field_index("compression_ratio"), "compression_ratio",
+                            pa.array([None], pa.float64()))
+    pq.write_table(nulls, tmp_path / "null.parquet")
+    pq.write_table(good.slice(0, 0), tmp_path / "empty.parquet")
+    for name, msg in (("text", "column score holds string, not numbers"),
+                      ("null", "result row 0 \\(id 'a'\\) has no compression_ratio"), ("empty", "no result rows")):
+        with pytest.raises(InputError, match=msg):
+            write_report(tmp_path / f"{name}.parquet", tmp_path / f"r-{name}")
+        assert not (tmp_path / f"r-{name}").exists()
 
 
 def test_paired_comparison_against_hand_count():

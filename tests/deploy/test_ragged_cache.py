@@ -269,6 +269,8 @@ def test_memory_command_and_errors(tmp_path):
     # a budget above the prompt length is refused, not silently clamped
     res = runner.invoke(app, ["memory", "--tokens", "64", "--budget", "65"])
     assert res.exit_code == 2 and "--budget: 65 exceeds --tokens 64" in res.output
+    res = runner.invoke(app, ["memory", "--tokens", "99999999999"])  # asked for terabytes: a traceback
+    assert res.exit_code == 2 and "exceeds the tiny model's window of 32768" in res.output
     (tmp_path / "adir").mkdir()  # --out an existing directory: one line, not a traceback after the audit
     res = runner.invoke(app, ["memory", "--tokens", "64", "--budget", "4", "--out", str(tmp_path / "adir")])
     assert res.exit_code == 2 and "adir: output path is a directory" in res.output

@@ -305,6 +305,8 @@ def test_robustness_study_end_to_end_and_resume(tmp_path):
     run_robustness(lm, tasks, tmp_path / "study", cfg, command="test", progress=False, quiet=True)
     assert (out / "runs" / "topk" / "results.parquet").stat().st_mtime_ns == stamp
     assert RobustnessConfig(seeds=(0, 0, 1), ratios=(0.5, 0.5)).seeds == (0, 1)  # a repeated value: one setting
+    with pytest.raises(InputError, match="--taus: give at least one"):
+        RobustnessConfig(taus=(), uncorrected=False)
     # other settings or examples: the runs are resumed / redone, never read for rows they do not hold
     # (a finished run used to be reused whatever the task file, --max-examples or --scope)
     other = RobustnessConfig(proposals=("h2o",), ratios=(0.25, 0.5), taus=(1.0,), seeds=(0,), max_examples=1)

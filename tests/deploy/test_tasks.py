@@ -140,6 +140,7 @@ GOOD = {"context": "c", "question": "q", "answer_prefix": "", "answer": ["a"], "
     (dict(GOOD, context="   "), "empty context"),
     (dict(GOOD, answer=[1, 2]), "answer must be a list of strings"),
     (dict(GOOD, max_new_tokens=-1), "max_new_tokens must be >= 0"),
+    (dict(GOOD, max_new_tokens=2.5), "max_new_tokens must be an integer"),  # was truncated to 2
 ])
 def test_reader_errors(tmp_path, record, message):
     path = _jsonl(tmp_path / "bad.jsonl", [GOOD, record])

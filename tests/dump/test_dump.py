@@ -288,6 +288,19 @@ def test_resume_after_kill_gives_uninterrupted_rows(tiny_dir, tiny, tmp_path):
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == sorted(p.name for p in full.iterdir())
 
 
+def test_a_dump_missing_a_shard_is_refused(tiny, tmp_path):
+    # its manifest says complete: a deleted shard used to be certified as if the dump held only the rest
+    from forcedweight.certify import CertifyOptions, certify_file
+    from forcedweight.rows import load_rows
+
+    out = dump_rows(tiny, TEXTS[:2], tmp_path / "d", layers="0,1", progress=False)
+    assert load_rows(out).collect().height == 2 * 2 * 4 * 4  # texts x layers x heads x positions
+    sorted(out.glob("rows-*.parquet"))[-1].unlink()
+    for read in (lambda: load_rows(out), lambda: certify_file(out, tmp_path / "r.parquet", [2], CertifyOptions())):
+        with pytest.raises(InputError, match="damaged dump: manifest.json says 64 rows, its row shards hold 48"):
+            read()
+
+
 def test_rerun_with_other_options_is_refused(tiny, tmp_path):
     out = dump_rows(tiny, TEXTS[:1], tmp_path / "d", layers="0", progress=False)
     before = sorted(p.name for p in out.iterdir())
@@ -325,7 +338,7 @@ def test_unwritable_output(tiny, tmp_path):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(InputError, match="--out: .*file"):
         dump_rows(tiny, TEXTS, tmp_path / "file", progress=False)
-    with pytest.raises(InputError, match="--out: .*cannot create"):
+    with pytest.raises(InputError, match="--out: .*sub: cannot write output .*file is not a directory"):
         dump_rows(tiny, TEXTS, tmp_path / "file" / "sub", progress=False)
 
 
@@ -348,6 +361,8 @@ def test_parse_index_list():
     assert parse_index_list(None, "--layers") is None
     with pytest.raises(InputError, match="--heads: empty range"):
         parse_index_list("5-3", "--heads")
+    with pytest.raises(InputError, match="--layers: '0-99999999999' reaches index 99999999999"):
+        parse_index_list("0-99999999999", "--layers")  # refused before the range is built (it filled the memory)
 
 
 def test_text_readers(tmp_path):

@@ -329,7 +329,18 @@ def test_bad_inputs_clear_errors_no_output(results, tmp_path):
         build_report(tmp_path / "junk.parquet", tmp_path / "o3")
     with pytest.raises(InputError, match="hard-threshold"):
         build_report(tmp_path / "rows.parquet", tmp_path / "o4", hard_threshold=1.5)
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+    # a null budget, a statistic stored as text, an unknown status: one line each (they were polars tracebacks)
+    df.with_columns(pl.when(pl.col("row_id") == df["row_id"][3]).then(None).otherwise(pl.col("s")).alias("s")) \
+        .write_parquet(tmp_path / "nulls.parquet")
+    with pytest.raises(InputError, match="nulls.parquet: row 3 of the certify output has no s"):
+        build_report(tmp_path / "nulls.parquet", tmp_path / "o5")
+    df.with_columns(pl.col("es_top").cast(pl.Utf8)).write_parquet(tmp_path / "text.parquet")
+    with pytest.raises(InputError, match="text.parquet: column es_top holds (large_)?string, not numbers"):
+        build_report(tmp_path / "text.parquet", tmp_path / "o6")
+    df.with_columns(pl.lit("done").alias("status")).write_parquet(tmp_path / "status.parquet")
+    with pytest.raises(InputError, match="unknown status 'done'"):
+        build_report(tmp_path / "status.parquet", tmp_path / "o7")
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
     assert set(REQUIRED_COLUMNS) <= set(df.columns)
 
 

@@ -12,7 +12,8 @@ from forcedweight.deploy.tasks.files import COLUMNS, REQUIRED, read_tasks, write
 from forcedweight.deploy.tasks.ruler import KINDS, fit
 from forcedweight.deploy.tasks.scoring import (CONTINUATION_TASK, higher_is_better, metric_for_task, score_answer,
                                                string_match_all, string_match_part)
-from forcedweight.errors import InputError
+from forcedweight.errors import InputError, check_seed
+from forcedweight.io import output_lock
 
 ALL_KINDS = KINDS + (CONTINUATION_TASK,)
 
@@ -55,9 +56,11 @@ def make_tasks(tokenizer, kinds: Sequence[str], tokens: int, n: int, seed: int =
 
 def write_task_file(tokenizer, kinds: Sequence[str], tokens: int, n: int, out: str | os.PathLike, seed: int = 0,
                     max_new_tokens: int | None = None) -> Path:
-    """:func:`make_tasks` written to ``out`` (``.jsonl`` or ``.parquet``)."""
-    Path(out)  # suffix checked by write_tasks before any work
-    return write_tasks(make_tasks(tokenizer, kinds, tokens, n, seed, max_new_tokens), out)
+    """:func:`make_tasks` written to ``out`` (``.jsonl`` or ``.parquet``), holding ``io.output_lock(out)``
+    (a second run writing the same file meanwhile is refused)."""
+    check_seed(seed)
+    with output_lock(out, "tasks"):  # (the suffix is checked by write_tasks before any work)
+        return write_tasks(make_tasks(tokenizer, kinds, tokens, n, seed, max_new_tokens), out)
 
 
 __all__ = ["ALL_KINDS", "COLUMNS", "CONTINUATION_TASK", "REQUIRED", "check_task_options", "continuation", "fit",

@@ -102,7 +102,9 @@ def read_tasks(path: str | os.PathLike, max_examples: int | None = None) -> list
             raise InputError(f"--tasks {path}: row {i}: empty context")
         try:
             mnt = int(rec["max_new_tokens"])
-        except (TypeError, ValueError):
+            if mnt != float(rec["max_new_tokens"]):  # 2.5 is not a length (int() truncated it to 2)
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
             raise InputError(f"--tasks {path}: row {i}: max_new_tokens must be an integer") from None
         if mnt < 0:
             raise InputError(f"--tasks {path}: row {i}: max_new_tokens must be >= 0")
