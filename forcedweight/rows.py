@@ -159,7 +159,11 @@ def validate_row(weights: Any, values: Any, value_dim: Any, row_id: int, source:
     if big > MAX_VALUE:
         raise RowError(row_id, f"values reach {big:.3g}; beyond ±{MAX_VALUE:g} the squared distances of the "
                        "operator overflow float64 (rescale the values)", source)
-    return p / total, v.reshape(n, d)
+    p = p / total
+    if np.any((p > 0) & (p < np.finfo(np.float64).tiny)):  # (float32 captures never come near: >= 1.4e-45)
+        raise RowError(row_id, "weights hold subnormal masses (below 2.2e-308 of the row's total); their "
+                               "contributions p_i (v_i - mu) keep only a few bits in float64: set them to 0", source)
+    return p, v.reshape(n, d)
 
 
 def validate_budget(s: int, n: int, row_id: int, source: str | None = None) -> None:

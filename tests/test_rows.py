@@ -76,6 +76,14 @@ def test_budget_validation():
         rows.validate_budget(0, 3, 7)
 
 
+def test_subnormal_masses_are_refused():
+    # p_i (v_i - mu) of a mass near 5e-324 keeps a few bits: every solver proved a wrong set optimal
+    with pytest.raises(errors.RowError, match="subnormal masses"):
+        rows.validate_row([1.0, 1.0, 3e-323, 4e-323], [1.0, -1.0, 0.70, -0.68], 1, 0)
+    p, _ = rows.validate_row([1.0, 1e-300, 0.0], [1.0, 2.0, 3.0], 1, 0)  # tiny but normal, and 0: kept
+    assert p[1] == pytest.approx(1e-300) and p[2] == 0.0
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(errors.InputError, match="no such file"):
         list(rows.iter_batches(tmp_path / "missing.parquet"))

@@ -42,9 +42,23 @@ def _threads() -> int:
     return int(numba.get_num_threads())
 
 
+def in_unit_scale(solve, p, V, *args, **kwargs):
+    """``solve(p, V, *args, **kwargs)`` on the values scaled by a power of two to a largest magnitude in
+    [0.5, 1), its result scaled back: E is homogeneous in V and a power of two scales every float64 step
+    exactly, so the search is the same; but values of 1e-170 no longer underflow the Gram matrix and the
+    squared norms of bnb's tests (a wrong set was proved optimal), nor SCIP's tolerances swallow 1e-13."""
+    m = float(np.abs(V).max()) if np.size(V) else 0.0
+    if m == 0.0 or not np.isfinite(m):
+        return solve(p, V, *args, **kwargs)
+    k = math.frexp(m)[1]
+    res = solve(p, np.ldexp(np.asarray(V, dtype=np.float64), -k), *args, **kwargs)
+    res.value, res.lower_bound, res.tolerance = (math.ldexp(x, k) for x in (res.value, res.lower_bound, res.tolerance))
+    return res
+
+
 def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
-    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit,
-                     threads=_threads(), **_bound_effort(refine_work)), None
+    return in_unit_scale(solve_bnb, p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit,
+                         threads=_threads(), **_bound_effort(refine_work)), None
 
 
 def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
@@ -57,8 +71,7 @@ def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WO
         return res, None
     # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
     note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
-    return solve_bnb(p, V, s, incumbent=incumbent, time_limit=left, node_limit=node_limit,
-                     threads=_threads(), **_bound_effort(refine_work)), note
+    return _bnb(p, V, s, incumbent, left, node_limit, refine_work)[0], note
 
 
 def _resolution_note(res) -> str | None:
@@ -69,7 +82,7 @@ def _resolution_note(res) -> str | None:
 
 
 def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
-    res = scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit)
+    res = in_unit_scale(scip.solve_scip, p, V, s, incumbent=incumbent, time_limit=time_limit)
     return res, _resolution_note(res)
 
 
@@ -79,7 +92,7 @@ def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_W
         return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
     except ValueError:
         note = "cpsat needs an integral row (uniform masses, integer 1-D values); used scip"
-    res = scip.solve_scip(p, V, s, incumbent=incumbent, time_limit=time_limit)
+    res = in_unit_scale(scip.solve_scip, p, V, s, incumbent=incumbent, time_limit=time_limit)
     below = _resolution_note(res)
     return res, note if below is None else f"{note}; {below}"
 

@@ -118,13 +118,19 @@ def forced_error_rounding(V: np.ndarray, s: int) -> float:
 
     ``mu`` is off by at most ``N eps max ||v_i||``, the centred terms, their sum and its norm by about
     ``(2 s + d + 3) eps max ||v_i||`` in total; doubled for safety:
-    ``2 (N + 2 s + d + 3) eps max(1, max_i ||v_i||)`` (``2 (N + 2 s + 4) eps max(1, max |a_i|)`` in 1-D).
+    ``2 (N + 2 s + d + 3) eps max_i ||v_i||`` (``2 (N + 2 s + 4) eps max |v_i|`` in 1-D).
     A set whose computed E is at or below it may be an exact 0.
     """
     V = np.asarray(V, dtype=np.float64)
     V2 = V.reshape(V.shape[0], -1)
-    big = float(np.sqrt((V2 * V2).sum(axis=1)).max()) if V2.shape[1] > 1 else float(np.abs(V2).max())
-    return 2.0 * (V2.shape[0] + 2 * s + V2.shape[1] + 3) * np.finfo(np.float64).eps * max(1.0, big)
+    m = float(np.abs(V2).max()) if V2.size else 0.0
+    if m == 0.0 or not np.isfinite(m):
+        return 0.0 if m == 0.0 else float("inf")
+    Z = V2 / m  # (the squares of values near 1e-170 or 1e170 would under/overflow)
+    big = m * (float(np.sqrt((Z * Z).sum(axis=1)).max()) if V2.shape[1] > 1 else 1.0)
+    # relative to the values: an absolute floor of eps (max(1, big) before) took every E of values below
+    # ~1e-12 for an exact 0, and SCIP proved a wrong set optimal there
+    return 2.0 * (V2.shape[0] + 2 * s + V2.shape[1] + 3) * np.finfo(np.float64).eps * big
 
 
 def forced_error_identity(p: np.ndarray, V: np.ndarray, S) -> float:

@@ -197,3 +197,44 @@ def test_a_finished_output_is_kept_unless_forced(rows_file, tmp_path, capsys):
     os.utime(rows_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the input changed: redone
     certify_file(rows_file, out, [3, 4], **opts)
     assert out.stat().st_ino != fourth
+
+
+def _brute(p, V, s):
+    import itertools
+
+    from forcedweight.core import operator as op
+
+    return min(op.forced_error(p, V, list(S)) for S in itertools.combinations(range(p.size), s) if p[list(S)].sum() > 0)
+
+
+@pytest.mark.parametrize("scale", [1e-13, 1e-170, 1e140])
+@pytest.mark.parametrize("solver", ["auto", "bnb", "scip"])
+def test_values_of_any_magnitude_are_proved_as_brute_force(scale, solver):
+    # values near 1e-13 were proved at SCIP's absolute rounding floor, and near 1e-170 their squares underflowed
+    # bnb's Gram matrix: a wrong set came out optimal (the solvers now run on values scaled by a power of two)
+    import numpy as np
+
+    from forcedweight.certify import CertifyOptions, certify_row
+    from forcedweight.rows import Row
+
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        p = rng.integers(1, 100, 9).astype(float)
+        p /= p.sum()
+        V = rng.integers(-9, 10, (9, 2)) * scale
+        r = certify_row(Row(0, p, V), 3, CertifyOptions(solver=solver, pool_mass=0, pool_error=0))
+        es = _brute(p, V, 3)
+        assert r["status"] == "optimal" and r["es_best"] == pytest.approx(es, rel=1e-9)  # E's own rounding
+        assert r["lower_bound"] <= es * (1 + 1e-9)
+
+
+def test_scip_on_a_row_with_zero_masses_does_not_crash():
+    # sets of zero-mass keys only (y = 0, w = 0) passed SCIP's cone and it died of SIGFPE after a few no-goods
+    import numpy as np
+
+    from forcedweight.certify.solvers.scip import solve_scip
+
+    p = np.array([0.0, 0.0, 0.0, 0.0, 0.6, 0.4])
+    V = np.array([[0.1], [-0.1], [0.6], [0.1], [-0.5], [0.4]])
+    res = solve_scip(p, V, 1)
+    assert res.proved and res.value == pytest.approx(_brute(p, V, 1))
