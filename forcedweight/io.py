@@ -6,12 +6,15 @@
   a dump's sidecar tables; ``open_parquet`` opens one with an error that names it.
 - ``progress`` is the one progress bar of every long step (rich, on stderr).
 - ``command_line`` is the one way a report records the command that produced it.
-- ``check_dump_complete`` refuses a dump whose ``manifest.json`` says ``complete: false``.
+- ``check_dump_complete`` refuses a dump whose ``manifest.json`` says ``complete: false``, or whose row
+  shards hold another number of rows than it says (a damaged dump).
 - ``die_with_parent`` makes a worker process exit when its parent dies (Linux ``prctl``).
 - ``staged_outputs`` writes a command's whole output set into a hidden staging directory and
   moves it into place only on success, replacing the previous run's outputs (never a mix).
 - ``output_lock`` holds an exclusive lock (``fcntl.flock`` on ``.<name>.lock`` beside the output)
-  for the whole of a run, so that a second run on the same output is refused, naming the holder.
+  for the whole of a run, so that a second run on the same output is refused, naming the holder; the
+  directories it had to make are removed again, when empty, if the run fails (no empty output left).
+- ``file_digest`` is the content identity of an input file in a resumable run's fingerprint.
 """
 
 from __future__ import annotations
