@@ -22,6 +22,7 @@ from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.solvers.frontier import REFINE_WORK
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 from forcedweight.certify.solvers.result import SolverResult
+from forcedweight.core import operator as op
 from forcedweight.errors import InputError
 
 SolveFn = Callable[..., "tuple[SolverResult, str | None]"]
@@ -47,13 +48,8 @@ def in_unit_scale(solve, p, V, *args, **kwargs):
     [0.5, 1), its result scaled back: E is homogeneous in V and a power of two scales every float64 step
     exactly, so the search is the same; but values of 1e-170 no longer underflow the Gram matrix and the
     squared norms of bnb's tests (a wrong set was proved optimal), nor SCIP's tolerances swallow 1e-13."""
-    m = float(np.abs(V).max()) if np.size(V) else 0.0
-    if m == 0.0 or not np.isfinite(m):
-        return solve(p, V, *args, **kwargs)
-    k = math.frexp(m)[1]
-    res = solve(p, np.ldexp(np.asarray(V, dtype=np.float64), -k), *args, **kwargs)
-    res.value, res.lower_bound, res.tolerance = (math.ldexp(x, k) for x in (res.value, res.lower_bound, res.tolerance))
-    return res
+    k = op.unit_exponent(V)
+    return solve(p, np.ldexp(np.asarray(V, dtype=np.float64), -k), *args, **kwargs).in_units(k)
 
 
 def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):

@@ -90,8 +90,9 @@ def pool_search(p, A, pool, s: int, node_limit: int, start=None):
     contributions; ``start``: optional (s,) positions in ``pool`` (default its top-mass set). Returns the
     ``SolverResult`` (its ``best_set`` in pool positions), node-limited, without the bound of a stopped
     search (only a proof is ever used)."""
-    return solve_bnb(p[pool], None, s, incumbent=start, time_limit=math.inf, node_limit=node_limit, A=A[pool],
-                     relax_iters=0, refine_work=0, tail_lps=0)
+    k = op.unit_exponent(A[pool])  # (the contributions scaled by 2**-k, exactly: see certify.options.in_unit_scale)
+    return solve_bnb(p[pool], None, s, incumbent=start, time_limit=math.inf, node_limit=node_limit,
+                     A=np.ldexp(A[pool], -k), relax_iters=0, refine_work=0, tail_lps=0).in_units(k)
 
 
 def bnb_in_pool(p, V, pool, s: int, node_limit: int, A=None, incumbent=None):

@@ -97,7 +97,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     vcol = batch.column("values")
     vl = _lengths(vcol)
     vf, vr = _flat(vcol, vl)
-    vd_raw = pc.fill_null(batch.column("value_dim"), 0).to_numpy(zero_copy_only=False).astype(np.float64)
+    vd_raw = pc.fill_null(batch.column("value_dim").cast(pa.float64()), 0).to_numpy(zero_copy_only=False)  # (null-typed too)
     vd = np.where(np.isfinite(vd_raw), vd_raw, 0).astype(np.int64)
     frac = np.isfinite(vd_raw) & (vd_raw != np.floor(vd_raw))
     vd[frac] = 0  # 2.5 is not a dimension: refused below, never truncated

@@ -10,6 +10,8 @@ centred in two passes so that a large offset shared by the values costs no accur
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -111,6 +113,14 @@ def forced_error(p: np.ndarray, V: np.ndarray, S, A: np.ndarray | None = None) -
     if w <= 0:
         return float("inf")
     return float(_norm(y) / w)
+
+
+def unit_exponent(X: np.ndarray) -> int:
+    """``k`` with ``max |X| * 2**-k`` in [0.5, 1) (0 for an empty, all-zero or non-finite X). ``np.ldexp(X, -k)``
+    scales exactly in float64, and so does every sum, product and square root after it: a search on the
+    scaled values is the same search, without squares of 1e-170 underflowing (E is homogeneous in V)."""
+    m = float(np.abs(X).max()) if np.size(X) else 0.0
+    return math.frexp(m)[1] if m > 0 and math.isfinite(m) else 0
 
 
 def forced_error_rounding(V: np.ndarray, s: int) -> float:

@@ -26,7 +26,7 @@ one line naming it (:func:`forcedweight.deploy.features.refuse_unsupported`).
 
 Without a ragged cache (dense tensors) it falls back to transformers' SDPA attention. Padding masks are
 not supported (transformers builds no mask for a custom attention name): batch only equal-length prompts;
-a model switched by :func:`use_ragged_attention` refuses an ``attention_mask`` with zeros.
+a model switched by :func:`use_ragged_attention` refuses a batch whose ``attention_mask`` pads a row.
 """
 
 from __future__ import annotations
@@ -164,10 +164,20 @@ def _refuse_padding(module, args, kwargs):
     """Forward pre-hook of a model switched to ragged attention: transformers passes a custom attention
     function no mask, so a padded batch (a 2-D ``attention_mask`` with a 0) would attend its padding."""
     mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.bool().all()):
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] > 1 and _padded(mask.bool()):
         raise InputError("ragged attention: a padded batch (an attention_mask with zeros) is not supported; "
                          "batch only equal-length prompts")
     return None
+
+
+def _padded(mask: torch.Tensor) -> bool:
+    """Whether a [B, T] bool mask pads a row: a run of zeros at its start or its end. (generate() infers a
+    mask from the pad token id, so a prompt that merely holds that id has zeros inside: not padding; and one
+    sequence alone is never padded.)"""
+    zeros = (~mask).int()
+    leading = zeros.cumprod(dim=1).sum(dim=1)  # zeros before a row's first 1
+    trailing = zeros.flip(1).cumprod(dim=1).sum(dim=1)  # and after its last
+    return bool(((leading > 0) | (trailing > 0)).any())
 
 
 def use_ragged_attention(model, backend: str | None = None):

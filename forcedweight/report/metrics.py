@@ -49,7 +49,9 @@ def _check_files(path, required: Sequence[str], what: str) -> list[Path]:
         for c in required:  # a column of the wrong type is one line here, not a cast error deep in polars
             t = pf.schema_arrow.field(c).type
             text = c in TEXT_COLUMNS
-            if not ((pa.types.is_string(t) or pa.types.is_large_string(t)) if text else
+            if pa.types.is_dictionary(t):  # (a polars Categorical / pandas category column)
+                t = t.value_type
+            if not ((pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)) if text else
                     (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t))):
                 raise InputError(f"{f}: column {c} holds {t}, not {'text' if text else 'numbers'}; "
                                  f"was it written by another tool or version?")

@@ -164,6 +164,10 @@ def test_value_dim_strings_and_fractions_are_refused(tmp_path):
     res = _run_sub([tmp_path / "frac.parquet", "--s", 2, "--out", tmp_path / "o.parquet"])
     assert res.returncode == 2 and res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
     assert "row 1" in res.stderr and "value_dim 2.5 is not an integer" in res.stderr
+    nulls = t.set_column(i, "value_dim", pa.nulls(2))  # (a null-typed column, as polars writes one)
+    pq.write_table(nulls, tmp_path / "null.parquet")
+    res = _run_sub([tmp_path / "null.parquet", "--s", 2, "--out", tmp_path / "o.parquet"])
+    assert res.returncode == 2 and "value_dim is null" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     strs = t.set_column(i, "value_dim", pa.array(["3", "3"]))
     pq.write_table(strs, tmp_path / "str.parquet")
     res = _run_sub([tmp_path / "str.parquet", "--s", 2, "--out", tmp_path / "o.parquet"])
@@ -238,3 +242,27 @@ def test_scip_on_a_row_with_zero_masses_does_not_crash():
     V = np.array([[0.1], [-0.1], [0.6], [0.1], [-0.5], [0.4]])
     res = solve_scip(p, V, 1)
     assert res.proved and res.value == pytest.approx(_brute(p, V, 1))
+    # beside a mass below SCIP's feasibility tolerance every zero-mass key still came back, one no-good each
+    p = np.array([0.0] * 8 + [1 - 1e-9, 1e-9])
+    V = np.linspace(-1, 1, 10)[:, None]
+    res = solve_scip(p, V, 1)
+    assert res.proved and res.info["nogoods"] == 0 and res.value == pytest.approx(_brute(p, V, 1))
+
+
+def test_the_pool_branch_and_bound_on_tiny_values_equals_the_same_row_at_scale_one():
+    # a pool holding every key with C(N, s) past max_subsets is proved by the pool's own branch and bound,
+    # which ran on the unscaled contributions: at 1e-170 it proved sets 52-69x the optimum
+    import numpy as np
+
+    from forcedweight.certify import CertifyOptions, certify_row
+    from forcedweight.rows import Row
+
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        p = rng.integers(1, 100, 25).astype(float)
+        p /= p.sum()
+        V = rng.integers(-9, 10, (25, 2)).astype(float)
+        one = certify_row(Row(0, p, V), 13, CertifyOptions(solver="bnb"))
+        tiny = certify_row(Row(0, p, V * 2.0**-560), 13, CertifyOptions(solver="bnb"))  # ~1e-169, exact
+        assert one["status"] == tiny["status"] == "optimal"
+        assert tiny["es_best"] == np.ldexp(one["es_best"], -560) and tiny["es_pool"] == np.ldexp(one["es_pool"], -560)

@@ -67,6 +67,12 @@ def test_a_padded_batch_is_refused():
     with pytest.raises(InputError, match="padded batch"):
         model.generate(ids, attention_mask=mask, past_key_values=RaggedKVCache(), max_new_tokens=2, do_sample=False)
     assert len(model._forward_pre_hooks) == 1
+    # not padding: one prompt holding the pad id (generate infers a mask with a zero inside), or zeros inside a row
+    one = torch.tensor([[5, 7, model.config.pad_token_id, 9, 11]])
+    model.generate(one, past_key_values=RaggedKVCache(), max_new_tokens=2, do_sample=False)
+    inside = torch.ones(2, 6, dtype=torch.long)
+    inside[1, 3] = 0
+    model(input_ids=ids, attention_mask=inside, past_key_values=RaggedKVCache(), use_cache=True)
 
 
 def test_generation_through_triton_kernel_matches_dynamic_cache():

@@ -341,6 +341,9 @@ def test_bad_inputs_clear_errors_no_output(results, tmp_path):
     with pytest.raises(InputError, match="unknown status 'done'"):
         build_report(tmp_path / "status.parquet", tmp_path / "o7")
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
+    # a results file re-saved with its text columns as categories (polars Categorical) is still certify output
+    df.with_columns(pl.col("status").cast(pl.Categorical)).write_parquet(tmp_path / "cat.parquet")
+    assert build_report(tmp_path / "cat.parquet", tmp_path / "o8", n_boot=20).is_file()
     assert set(REQUIRED_COLUMNS) <= set(df.columns)
 
 

@@ -37,3 +37,10 @@ class SolverResult:
     seconds: float
     tolerance: float = 0.0
     info: dict = field(default_factory=dict)
+
+    def in_units(self, k: int) -> "SolverResult":
+        """This result of a solve on values scaled by ``2**-k`` (``operator.unit_exponent``) in the row's own
+        units: value, lower bound and tolerance times ``2**k`` (exact); returns self."""
+        self.value, self.lower_bound, self.tolerance = (float(np.ldexp(x, k)) for x in
+                                                        (self.value, self.lower_bound, self.tolerance))
+        return self

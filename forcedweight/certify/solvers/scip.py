@@ -62,10 +62,11 @@ def _round(A, p, s, t, nogoods, time_left):
         m.addCons(quicksum(float(At[i, j]) * x[i] for i in range(n) if At[i, j] != 0.0) == yj)
         ys.append(yj)
     ps = np.sort(p)
-    # a set of zero-mass keys only (y = 0, w = 0: E undefined) passes the cone; SCIP then crashed
-    # (SIGFPE) after a few no-goods. Any set with a finite E holds a positive mass: w >= the least one.
-    w_lo = max(float(ps[:s].sum()), float(ps[ps > 0].min()) if (ps > 0).any() else 0.0)
-    w = m.addVar("w", lb=w_lo, ub=float(ps[-s:].sum()))
+    w = m.addVar("w", lb=float(ps[:s].sum()), ub=float(ps[-s:].sum()))
+    # a set of zero-mass keys only (y = 0, w = 0: E undefined) passes the cone, within any tolerance on w;
+    # SCIP then crashed (SIGFPE) after a few no-goods. A set with a finite E holds a key of positive mass.
+    if (p == 0).sum() >= s:
+        m.addCons(quicksum(x[i] for i in range(n) if p[i] > 0) >= 1)
     m.addCons(quicksum(float(p[i]) * x[i] for i in range(n) if p[i] != 0.0) == w)
     m.addCons(sqrt(quicksum(yj * yj for yj in ys)) <= w)
     for S in nogoods:
