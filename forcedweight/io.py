@@ -137,6 +137,31 @@ def check_dump_complete(path: str | os.PathLike, allow_incomplete: bool = False)
     return manifest
 
 
+_KINDS = {
+    "text": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
+    "numbers": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t),
+    "integers": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t),  # (a fraction
+    # is refused with its row)
+    "lists of numbers": lambda t: (pa.types.is_list(t) or pa.types.is_large_list(t))
+    and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)),
+}
+
+
+def check_column_types(path, schema: pa.Schema, kinds: dict[str, str], hint: str = "") -> None:
+    """InputError ``"{path}: column {name} holds {type}, not {kind}{hint}"`` for the first column of ``kinds``
+    (name -> "text", "numbers", "integers" or "lists of numbers") whose Arrow type is not of its kind; absent
+    columns are skipped, and dictionary-encoded text (a polars Categorical) is text. One line where a cast
+    deep in polars or NumPy would raise."""
+    for name, kind in kinds.items():
+        if name not in schema.names:
+            continue
+        t = schema.field(name).type
+        if kind == "text" and pa.types.is_dictionary(t):
+            t = t.value_type
+        if not _KINDS[kind](t):
+            raise InputError(f"{path}: column {name} holds {t}, not {kind}{hint}")
+
+
 def check_output_dir(target: str | os.PathLike, option: str = "--out") -> Path:
     """``target`` as a Path, after failing early when it exists and is not a directory (InputError naming
     ``option`` and the path). Creates nothing: the command makes the directory once its inputs are good."""
@@ -158,9 +183,8 @@ def check_output_file(target: str | os.PathLike) -> Path:
     if target.is_dir():
         raise InputError(f"--out: {target}: output path is a directory")
     parent = target.parent if str(target.parent) else Path(".")
-    ancestor = parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
+    missing = missing_dirs(parent)
+    ancestor = missing[-1].parent if missing else parent
     if not ancestor.is_dir():
         raise InputError(f"--out: {target}: cannot write output ({ancestor} is not a directory)")
     if ancestor != parent:

@@ -141,7 +141,7 @@ def model_identity(loaded: LoadedModel) -> list:
     path = Path(loaded.source).resolve()
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")) if path.is_dir() \
         else [path]  # (hidden files are no part of a model: a lock file beside an --out inside it)
-    return [str(path)] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files if p.exists()]
+    return [str(path)] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
 def loaded_model(model, purpose: str, device: str = "cpu", note=None) -> LoadedModel:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from forcedweight.errors import InputError, RowError
-from forcedweight.io import check_dump_complete, list_parquet_files, open_parquet, read_guard
+from forcedweight.io import check_column_types, check_dump_complete, list_parquet_files, open_parquet, read_guard
 
 REQUIRED_COLUMNS = ("weights", "values", "value_dim")
 PROVENANCE_COLUMNS = ("model", "text_id", "layer", "head", "kv_head", "query_pos", "n_keys")
@@ -201,18 +201,9 @@ def check_columns(path: Path, schema: pa.Schema, required: Sequence[str] = REQUI
     missing = [c for c in required if c not in schema.names]
     if missing:
         raise InputError(f"{path}: missing required column(s) {', '.join(missing)}")
-    for name in ("row_id", "value_dim", "weights", "values", "keys", "query"):  # the contract's types: one line
-        if name not in schema.names:
-            continue
-        t = schema.field(name).type
-        listed = name in ("weights", "values", "keys", "query")
-        if listed:
-            ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and \
-                (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
-        else:  # (floats holding integers are accepted: a fraction is refused with its row)
-            ok = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
-        if not ok:
-            raise InputError(f"{path}: column {name} holds {t}, not {'lists of numbers' if listed else 'integers'}")
+    check_column_types(path, schema, {"row_id": "integers", "value_dim": "integers", "weights": "lists of numbers",
+                                      "values": "lists of numbers", "keys": "lists of numbers",
+                                      "query": "lists of numbers"})  # the contract's types
 
 
 def iter_batches(

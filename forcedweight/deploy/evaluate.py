@@ -301,14 +301,14 @@ def _evaluate(model, tasks, out, policies: Sequence[str], allocators: Sequence[s
     state = _fingerprint(tasks, model_identity(loaded), seed, query_aware, options)
     fresh = not parts.exists()
     wanted = {m.key(ex["id"], query_aware) for ex in examples for m in methods}
-    if fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state \
-            and {_row_key(r) for r in pq.read_table(results, columns=list(KEY)).to_pylist()} == wanted:
+    same_inputs = fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state  # a finished run's
+    if same_inputs and {_row_key(r) for r in pq.read_table(results, columns=list(KEY)).to_pylist()} == wanted:
         note(f"{results}: finished, with every setting asked for (nothing to run)")  # left as it is
         if report:
             write_report(results, out / "report")
         return results
     fio.prepare_work_dir(parts, state, note)
-    if fresh and fio.parquet_json_metadata(results, STATE_KEY.encode()) == state:  # a finished run of the same inputs: reuse its rows
+    if same_inputs:  # a finished run of the same inputs: reuse its rows
         shutil.copyfile(results, parts / "part-previous.parquet")
     done, _ = _done_keys(parts)
     kill_after = int(os.environ.get(KILL_HOOK, "0") or 0)

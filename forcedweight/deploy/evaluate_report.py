@@ -71,13 +71,8 @@ def _rows(results) -> list[dict]:
         missing = [c for c in need if c not in t.column_names]
         if missing:
             raise InputError(f"{f}: not an evaluate results file (missing {', '.join(missing)})")
-        for c in need + tuple(c for c in ("budget", "context_tokens") if c in t.column_names):
-            want, got = RESULT_SCHEMA.field(c).type, t.schema.field(c).type
-            got = got.value_type if pa.types.is_dictionary(got) else got  # (a Categorical / category column)
-            text = pa.types.is_string(want)
-            if not ((pa.types.is_string(got) or pa.types.is_large_string(got) or pa.types.is_string_view(got)) if text else
-                    (pa.types.is_integer(got) or pa.types.is_floating(got) or pa.types.is_null(got))):
-                raise InputError(f"{f}: column {c} holds {got}, not {'text' if text else 'numbers'}")
+        fio.check_column_types(f, t.schema, {c: "text" if pa.types.is_string(RESULT_SCHEMA.field(c).type) else "numbers"
+                                             for c in need + ("budget", "context_tokens")})
     rows = [r for t in tables for r in t.to_pylist()]
     if not rows:
         raise InputError(f"{path}: no result rows")

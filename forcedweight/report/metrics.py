@@ -13,11 +13,10 @@ from typing import Sequence
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from forcedweight.core import stats as st
 from forcedweight.errors import InputError
-from forcedweight.io import atomic_path, list_parquet_files, open_parquet, read_guard, write_table_atomic
+from forcedweight.io import atomic_path, check_column_types, list_parquet_files, open_parquet, read_guard, write_table_atomic
 
 #: Columns of ``certify`` output that the report needs; missing ones mean another tool/version.
 REQUIRED_COLUMNS = (
@@ -46,15 +45,8 @@ def _check_files(path, required: Sequence[str], what: str) -> list[Path]:
                 f"{f}: not {what} output (missing column(s) {', '.join(missing)}); "
                 f"was it written by another tool or version?"
             )
-        for c in required:  # a column of the wrong type is one line here, not a cast error deep in polars
-            t = pf.schema_arrow.field(c).type
-            text = c in TEXT_COLUMNS
-            if pa.types.is_dictionary(t):  # (a polars Categorical / pandas category column)
-                t = t.value_type
-            if not ((pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)) if text else
-                    (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t))):
-                raise InputError(f"{f}: column {c} holds {t}, not {'text' if text else 'numbers'}; "
-                                 f"was it written by another tool or version?")
+        check_column_types(f, pf.schema_arrow, {c: "text" if c in TEXT_COLUMNS else "numbers" for c in required},
+                           "; was it written by another tool or version?")
         total += pf.metadata.num_rows
     if total == 0:
         raise InputError(f"{path}: no rows (empty {what} output)")

@@ -117,7 +117,7 @@ def _audit(model, tasks, out, policies: Sequence[str], compression_ratios: Seque
     """
     note = fio.stderr_notes(quiet)
 
-    out = fio.check_output_dir(out)
+    out = Path(out)  # (checked by audit() before it took the lock)
     check_seed(seed)
     parts = list(dict.fromkeys(parts))
     for p in parts:
