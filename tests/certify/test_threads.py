@@ -158,10 +158,13 @@ def test_threads_stop_at_the_deadline(monkeypatch):
 
 
 def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
-    """``search_subtrees``' jobs: a job due from the first node runs exactly once, on the best set and value
-    at hand, and the optimum it returns (brute force) becomes the incumbent, so the search proves it; a job
-    due only after more nodes than the search needs never runs (and the search then visits more nodes); the
-    proof equals brute force either way."""
+    """``search_subtrees``' jobs: a job due from the first node runs exactly once, on the best set at hand
+    and its value, and the optimum it returns (brute force) becomes the incumbent, so the search proves it; a
+    job due only after more nodes than the search needs never runs; the proof equals brute force either way,
+    on one thread and on two. On one thread the nodes visited do not depend on timing (the job runs after the
+    first batch, and the part then goes on with its answer), so there the job's search visits fewer nodes; on
+    two threads the other thread picks the answer up at a batch end that timing decides (a CI run once saw
+    1,422 nodes against 1,418), so there only the proof and the calls are compared."""
     from forcedweight.certify.solvers.bnb import _search, _set_error
     from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
@@ -182,23 +185,26 @@ def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
         return answer, _set_error(A, pw, answer)
 
     nodes = {}
-    for due, runs in ((0, 1), (10 ** 9, 0)):
-        calls.clear()
-        serial = subtrees.SearchState(n, s, A.shape[1])
-        start = np.arange(n - s, n)  # the last keys of the order: a poor start
-        best = np.array([_set_error(A, pw, start)])
-        bestset = start.copy()
-        done, counts, _ = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9,
-                                                   kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY), True,
-                                                   np.inf, 2, [(due, job)])
-        assert done and len(calls) == runs
-        nodes[runs] = int(counts[0])
-        if runs:
-            np.testing.assert_array_equal(calls[0][0], start)  # it started from the best set then
-            assert calls[0][1] == _set_error(A, pw, start)
-        assert abs(best[0] - opt) <= 1e-12 * opt
-        assert abs(_set_error(A, pw, bestset) - opt) <= 1e-12 * opt
-    assert nodes[1] < nodes[0]  # the optimum published after a thread's first batch prunes more
+    for threads in (1, 2):
+        for due, runs in ((0, 1), (10 ** 9, 0)):
+            calls.clear()
+            serial = subtrees.SearchState(n, s, A.shape[1])
+            start = np.arange(n - s, n)  # the last keys of the order: a poor start
+            best = np.array([_set_error(A, pw, start)])
+            bestset = start.copy()
+            done, counts, _ = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9,
+                                                       kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY),
+                                                       True, np.inf, threads, [(due, job)])
+            assert done and len(calls) == runs
+            nodes[threads, runs] = int(counts[0])
+            if runs:
+                assert calls[0][1] == _set_error(A, pw, calls[0][0])  # the best set at hand and its value
+                assert calls[0][1] <= _set_error(A, pw, start)
+                if threads == 1:
+                    np.testing.assert_array_equal(calls[0][0], start)  # no better set after 3 nodes here
+            assert abs(best[0] - opt) <= 1e-12 * opt
+            assert abs(_set_error(A, pw, bestset) - opt) <= 1e-12 * opt
+    assert nodes[1, 1] < nodes[1, 0]  # the optimum published after the first batch prunes more
 
 
 def test_incumbent_phases_on_threads_keep_the_search_exact(monkeypatch):
