@@ -25,12 +25,15 @@ def as_index(S, n: int) -> np.ndarray:
 
 def _norm(y: np.ndarray) -> float:
     """``||y||_2`` without under/overflow: ``np.linalg.norm`` squares the entries, so vectors with
-    entries below ~1e-154 (tiny masses or values) or above ~1e154 are rescaled first."""
+    entries below ~1e-154 (tiny masses or values) or above ~1e154 are rescaled first, by a power of two
+    (``unit_exponent``), so that the norm of ``y * 2**k`` is exactly ``2**k`` times the norm of ``y``
+    (dividing by ``max |y|`` rounded, and tiny rows then differed from the same rows at scale one by an ulp)."""
     m = float(np.abs(y).max()) if y.size else 0.0
     if m == 0.0 or not np.isfinite(m) or 1e-150 <= m <= 1e150:
         return float(np.linalg.norm(y))
-    z = y / m
-    return m * float(np.sqrt(z @ z))
+    k = unit_exponent(y)
+    z = np.ldexp(y, -k)
+    return math.ldexp(float(np.sqrt(z.dot(z))), k)  # as np.linalg.norm computes it
 
 
 def as_row(p, V, s: int | None = None) -> tuple[np.ndarray, np.ndarray]:

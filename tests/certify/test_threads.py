@@ -230,11 +230,11 @@ def test_incumbent_phases_on_threads_keep_the_search_exact(monkeypatch):
 
 
 def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
-    """A thread that runs a job first hands its part over: on a row whose whole search takes a few ms, a job due
-    from the first node that sleeps 0.3 s (releasing the GIL, as the Numba phases do) ends after every search
-    batch (the other thread finished the job thread's part too), and the search is complete and exact."""
+    """A thread that runs a job first hands its part over: a job due from the first node that waits (releasing
+    the GIL, as the Numba phases do) until another thread has run a batch on the part the job's thread held
+    sees that happen (it waited on no timing: the part is offered to the others, who take it once the new
+    first-level subtrees are gone), and the search is complete and exact."""
     import threading
-    import time
 
     from forcedweight.certify.solvers.bnb import _search, _set_error
     from forcedweight.certify.solvers.search_row import prepare
@@ -247,17 +247,23 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
     opt, _ = brute_force_best(p, V, s)
     A_keys = op.centred_contributions(p, V)
     A, pw, nrm, G, lo, hi, use_box, kappa, gamma, wtop = prepare(A_keys, p, s)[:10]
-    batches = []  # (thread, end time) of every search batch
+    seen = threading.Condition()
+    batches = []  # (thread, the part's pos array) of every search batch, at its start
     job_ran = {}
 
     def search(*args):
+        with seen:
+            batches.append((threading.get_ident(), args[12]))
+            seen.notify_all()
         _search(*args)
-        batches.append((threading.get_ident(), time.perf_counter()))
 
     def job(start, value):
-        job_ran["thread"] = threading.get_ident()
-        time.sleep(0.3)
-        job_ran["end"] = time.perf_counter()
+        me = threading.get_ident()
+        with seen:
+            part = [pos for th, pos in batches if th == me][-1]  # the part this thread held
+            job_ran["thread"] = me
+            job_ran["handed"] = seen.wait_for(lambda: any(th != me and pos is part for th, pos in batches),
+                                              timeout=120)  # a hang guard only
         return None
 
     start = np.arange(n - s, n)
@@ -266,5 +272,4 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
                                                subtrees.SearchState(n, s, A.shape[1]), best, start.copy(),
                                                (NREF, THETA, DECAY), True, np.inf, 2, [(0, job)])
     assert done and abs(best[0] - opt) <= 1e-12 * opt
-    assert max(t for _, t in batches) < job_ran["end"]  # nothing waited for the job
-    assert any(th != job_ran["thread"] for th, _ in batches)
+    assert job_ran["handed"]  # another thread searched the job thread's part while the job ran
