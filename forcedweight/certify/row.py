@@ -113,7 +113,8 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
            err: Callable) -> _Proof:
     """What is proved about ``ES(s)``; ``known`` is updated when the solver finds a better set."""
     n = view.n_keys
-    if known.value <= 0.0:
+    zero = op.forced_error_rounding(view.V, s)  # a set at or below E's own rounding may be an exact 0: optimal
+    if known.value <= zero:
         return _Proof("optimal", True, "zero", 0.0)
     if pool.size == n:  # the pool search (enumeration or pool bnb) was exhaustive
         return _Proof("optimal", True, "enumerate", known.value)
@@ -127,7 +128,7 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
     e_sol, e_known = err(sol_set), known.value
     # two values within E's own float64 rounding (operator.forced_error_rounding) are one value: two
     # sets of exact E = 0 compute to noise of ~1e-17, which must neither contradict a proof nor improve
-    tol = max(float(res.tolerance), REL_EQUAL * e_known, op.forced_error_rounding(view.V, s))
+    tol = max(float(res.tolerance), REL_EQUAL * e_known, zero)
     discarded = improved = False
     if e_sol < e_known - tol:
         improved = True
@@ -140,7 +141,8 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
         status, proved = ("optimal", True) if res.proved else ("unsolved", False)
     if e_sol < e_known:
         known.value, known.by, known.best_set = e_sol, res.solver, sol_set
-    if known.value <= 0.0 and not discarded:  # a set of E = 0 is optimal whether or not the search ended
+    if known.value <= zero and not discarded:  # a set of E = 0 is optimal whether or not the search ended
+        # (exact E = 0 computes to 0 or to noise of ~1e-17, as the CPU's instructions round)
         status, proved = "optimal", True
     lower = 0.0 if discarded else min(float(res.lower_bound), known.value)
     return _Proof(status, proved, res.solver, lower, improved, reason)
