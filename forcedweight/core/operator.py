@@ -33,7 +33,7 @@ def _norm(y: np.ndarray) -> float:
         return float(np.linalg.norm(y))
     k = unit_exponent(y)
     z = np.ldexp(y, -k)
-    return math.ldexp(float(np.sqrt(z.dot(z))), k)  # as np.linalg.norm computes it
+    return float(np.ldexp(np.sqrt(z.dot(z)), k))  # as np.linalg.norm computes it; inf past the float range
 
 
 def as_row(p, V, s: int | None = None) -> tuple[np.ndarray, np.ndarray]:
