@@ -140,11 +140,10 @@ def check_dump_complete(path: str | os.PathLike, allow_incomplete: bool = False)
 _KINDS = {
     "text": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
     "numbers": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t),
-    "integers": lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t),  # (a fraction
-    # is refused with its row)
     "lists of numbers": lambda t: (pa.types.is_list(t) or pa.types.is_large_list(t))
     and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)),
 }
+_KINDS["integers"] = _KINDS["numbers"]  # a float column may hold integers: a fraction is refused with its row
 
 
 def check_column_types(path, schema: pa.Schema, kinds: dict[str, str], hint: str = "") -> None:
@@ -183,10 +182,7 @@ def check_output_file(target: str | os.PathLike) -> Path:
     if target.is_dir():
         raise InputError(f"--out: {target}: output path is a directory")
     parent = target.parent if str(target.parent) else Path(".")
-    missing = missing_dirs(parent)
-    ancestor = missing[-1].parent if missing else parent
-    if not ancestor.is_dir():
-        raise InputError(f"--out: {target}: cannot write output ({ancestor} is not a directory)")
+    _, ancestor = _nearest_dir(target, parent)
     if ancestor != parent:
         if not os.access(ancestor, os.W_OK | os.X_OK):
             raise InputError(f"--out: {target}: cannot write output ({ancestor} is not writable)")
@@ -379,16 +375,23 @@ def output_lock(out: str | os.PathLike, command: str = "run"):
             _HELD[key] -= 1
         return
     parent = lock.parent
-    created = missing_dirs(parent)  # removed again, when still empty, if the command fails
-    ancestor = created[-1].parent if created else parent
-    if not ancestor.is_dir():
-        raise InputError(f"--out: {out}: cannot write output ({ancestor} is not a directory)")
+    created, _ = _nearest_dir(out, parent)  # removed again, when still empty, if the command fails
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out: {out}: cannot write output ({exc.strerror or exc})") from None
     with _remove_if_empty_on_error(created):
         yield from _locked(out, command, lock, key)
+
+
+def _nearest_dir(out, parent: Path) -> tuple[list[Path], Path]:
+    """``(missing_dirs(parent), the nearest existing ancestor of parent)``; InputError naming ``out`` when
+    that ancestor is not a directory (a file stands in the output's path)."""
+    missing = missing_dirs(parent)
+    ancestor = missing[-1].parent if missing else parent
+    if not ancestor.is_dir():
+        raise InputError(f"--out: {out}: cannot write output ({ancestor} is not a directory)")
+    return missing, ancestor
 
 
 def missing_dirs(path: Path) -> list[Path]:

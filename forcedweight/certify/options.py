@@ -88,8 +88,7 @@ def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_W
         return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
     except ValueError:
         note = "cpsat needs an integral row (uniform masses, integer 1-D values); used scip"
-    res = in_unit_scale(scip.solve_scip, p, V, s, incumbent=incumbent, time_limit=time_limit)
-    below = _resolution_note(res)
+    res, below = _scip(p, V, s, incumbent, time_limit)
     return res, note if below is None else f"{note}; {below}"
 
 
