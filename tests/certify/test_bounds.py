@@ -385,3 +385,70 @@ def test_bound_deadline_has_a_floor():
     assert solve_bnb(p, V, 8, time_limit=0.005, bound_time=0.0).info["bound_time"] == 0.0
     assert solve_bnb(p, V, 8, node_limit=5, time_limit=60.0).info["bound_time"] == math.inf
     assert BOUND_SHARE * 10.0 == BOUND_MIN  # at the default 10 s limit the floor changes nothing
+
+
+def _first_level_node_values(p, V, s, top, incumbent):
+    """``node_tests._node_value`` of every first-level node ``{k}`` (keys in the search's order, capped at
+    ``top``) with rescue tests at shares of ``incumbent`` (0 = none), beside each node's brute-force minimum."""
+    from itertools import combinations
+
+    from forcedweight.certify.solvers.node_tests import RESCUE_STEPS, _node_value, node_scratch
+
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(op.centred_contributions(p, V), p, s)[:10]
+    N, d = A.shape
+    combs = np.array(list(combinations(range(N), s)))
+    E = np.linalg.norm(A[combs].sum(1), axis=1) / pw[combs].sum(1)
+    kt, buf, bidx, h, zs, zc, keys, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, RESCUE_STEPS)
+    out = []
+    for k in range(N - s + 1):
+        ys = np.zeros((2, d))
+        ys[1] = A[k]
+        ws, bs = np.array([0.0, pw[k]]), np.array([0.0, nrm[k]])
+        cs = np.zeros((2, N))
+        cs[1, k + 1:] = G[k, k + 1:]
+        v = _node_value(1, keys, k + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt, wtop,
+                        buf, bidx, h, zs, zc, dirn, 12, gc, gk, incumbent)
+        out.append((v, float(E[combs[:, 0] == k].min())))
+    return out
+
+
+def test_rescue_tests_bound_nodes_the_bisection_leaves_at_zero_and_stay_proofs():
+    """A first-level node whose 8-step bisection proves nothing gets rescue tests (RESCUE_STEPS steps at
+    shares of the incumbent): on these spread low-dimensional rows they bound some such nodes > 0, never above
+    the node's brute-force minimum (relative 1e-12) and never below the bound without them."""
+    zero = rescued = 0
+    for seed in range(12):
+        p, V = _pv(seed, 60, 3, 1.5)
+        s = 3
+        opt, _ = brute_force_best(p, V, s)
+        plain = _first_level_node_values(p, V, s, opt, 0.0)
+        with_rescue = _first_level_node_values(p, V, s, opt, opt)
+        for (v0, m), (v, m2) in zip(plain, with_rescue):
+            assert m == m2 and v0 <= m * (1 + 1e-12) and v <= m * (1 + 1e-12)
+            assert v >= v0
+            zero += v0 == 0.0
+            rescued += v0 == 0.0 and v > 0.0
+    assert zero >= 20 and rescued >= 5  # the rescue ran and proved where the bisection did not
+
+
+def test_long_rows_bound_without_linear_programs(monkeypatch):
+    """On rows of LONG_ROWS keys or more (forced down here) the bound of a stopped search calls no LP (node or
+    tail); below it, the same stopped searches call some; the bounds stay proofs either way."""
+    import forcedweight.certify.solvers.frontier as fr
+
+    calls = []
+    real_node, real_tail = fr.node_bound, fr.choose_tail
+    monkeypatch.setattr(fr, "node_bound", lambda *a: calls.append("node") or real_node(*a))
+    monkeypatch.setattr(fr, "choose_tail", lambda *a: calls.append("tail") or real_tail(*a))
+    counts = {}
+    default = fr.LONG_ROWS
+    for long_from in (default, 10):
+        monkeypatch.setattr(fr, "LONG_ROWS", long_from)
+        calls.clear()
+        for seed in range(10):
+            p, V = _pv(seed, 60, 3, 1.5)
+            opt, _ = brute_force_best(p, V, 3)
+            res = solve_bnb(p, V, 3, node_limit=3, time_limit=60.0)
+            assert not res.proved and 0.0 <= res.lower_bound <= _ceil(opt, p, V, 3)
+        counts[long_from] = len(calls)
+    assert counts[10] == 0 and counts[default] > 0

@@ -37,7 +37,8 @@ from numba import njit, objmode
 
 from forcedweight.certify.solvers.bounds import RELAX_QUICK, relax_bound
 from forcedweight.certify.solvers.lp_bound import NODE_LPS, TAIL_LPS, choose_tail, node_bound
-from forcedweight.certify.solvers.node_tests import _EPS, _node_lb_ok, _node_value, DECAY, NREF, THETA, node_scratch
+from forcedweight.certify.solvers.node_tests import (_EPS, _node_lb_ok, _node_value, DECAY, LONG_ROWS, NREF,
+                                                     RESCUE_STEPS, THETA, node_scratch)
 
 REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1 s per open row at N = 256-1024, one core; 2e9: ~6-7 s)
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
@@ -117,21 +118,26 @@ def _leaf_lower(ys, t, A, pw, nrm, bs, ws, j, d, s):
 
 @njit(cache=True)
 def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
-                      vals, state, k_to, cur0, stop_below, out):
+                      vals, state, k_to, cur0, stop_below, out, deadline=np.inf):
     """Bounds of the first-level nodes ``{k}``, k_from <= k < k_to, into vals[k] (state[k] as above).
 
     Visited from the last k down (the smallest norms first: their bounds are usually the smallest), each
-    bisection capped at the running minimum (which starts at ``min(top, cur0)``), with the quick
-    relaxation below it (the full bound and relaxation of the smallest ones come from ``_refine``,
-    within its budget). Stops after the first node whose bound is below ``stop_below`` and sets
-    ``out[0]`` to its k (-1 when the pass completed). Returns the key-steps spent.
+    bisection capped at the running minimum of the bounds above 0 (which starts at ``min(top, cur0)``; a node
+    left at 0 would cap every later one at 0, and the refinement can raise it), with the rescue tests of
+    ``_node_value`` (``top`` is the incumbent) and the quick relaxation below it (the full bound and
+    relaxation of the smallest ones come from ``_refine``, within its budget). Past ``deadline``
+    (``perf_counter`` seconds) a node at 0 caps the rest at 0 (no refinement will start to raise it), so
+    the pass ends cheaply (a layer-0 row's thousands of cancelling nodes, each with its failed rescues,
+    took 4-14 s more otherwise); it still bounds every node as the pass without a deadline would until then. Stops
+    after the first node whose bound is below ``stop_below`` and sets ``out[0]`` to its k (-1 when the pass
+    completed). Returns the key-steps spent.
     """
     N, d = A.shape
     ys1 = np.zeros((2, d))
     ws1 = np.zeros(2)
     bs1 = np.zeros(2)
     cs1 = np.zeros((2, N))
-    kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
+    kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, RESCUE_STEPS)
     cur = min(top, cur0)
     work = 0.0
     out[0] = -1
@@ -148,8 +154,9 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
             continue
         for kk in range(k + 1, N):
             cs1[1, kk] = G[k, kk]
+        late = _past(deadline)
         v = _node_value(1, keys_all, k + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, cur,
-                        gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                        gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk, top)
         work += (N - k) * (iters + 1 if v < cur else 1)
         if v < cur and relax_iters > 0:
             v = max(v, relax_bound(ys1[1], ws1[1], A, pw, nrm, k + 1, s - 1, cur,
@@ -157,7 +164,8 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
             work += (N - k) * min(RELAX_QUICK, relax_iters)
         vals[k] = v
         state[k] = 1 if v >= top else 0
-        cur = min(cur, v)
+        if v > 0.0 or late:  # a node left at 0 does not cap the others (the refinement splits it)
+            cur = min(cur, v)
         if v < stop_below:
             out[0] = k
             break
@@ -184,7 +192,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
     cs = np.zeros((s + 1, N))
-    kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
+    kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, RESCUE_STEPS)
     rq = min(RELAX_QUICK, relax_iters)
     spent = 0.0
     while True:
@@ -217,7 +225,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
         if state[i] == 0:
             # (1) its own full bound
             v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt, wtop,
-                            buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                            buf, bidx, h, zs, zc, dirn, iters, gc, gk, top)
             spent += (N - k) * (iters + 1) + N * t
             if v < top and relax_iters > 0 and N - k >= s - t:
                 ri = min(relax_iters, POP_RELAX)
@@ -264,7 +272,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
                                gamma, kt, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
                 continue
             v = _node_value(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, cur,
-                            gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                            gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk, top)
             spent += (N - j) * (iters + 1 if v < cur else 1)
             if v < cur and rq > 0:
                 v = max(v, relax_bound(ys[t + 1], ws[t + 1], A, pw, nrm, j + 1, s - t - 1, cur, rq, 0))
@@ -376,7 +384,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
     keys, tt, kn, val, state = _frontier(N, s)
     m = _add_first_level(vals, fstate, k_from, best, keys, tt, kn, val, state, 0)
     if t_cur > 0:
-        kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)
+        kt, buf, bidx, h, zs, zc, keys_all, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, RESCUE_STEPS)
         # the first-level node {idx[0]} holds every deeper open node
         ys1 = np.zeros((2, d))
         ws1 = np.zeros(2)
@@ -390,14 +398,14 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
         for kk in range(k0 + 1, N):
             cs1[1, kk] = G[k0, kk]
         first = _node_value(1, keys_all, k0 + 1, N, s, A, pw, nrm, G, ys1, ws1, bs1, cs1, lo, hi, use_box, best,
-                            gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                            gamma, kt, wtop, buf, bidx, h, zs, zc, dirn, iters, gc, gk, best)
         if first < best and relax_iters > 0 and N - k0 - 1 >= s - 1:
             first = max(first, _relaxed(ys1[1], ws1[1], A, pw, nrm, k0 + 1, s - 1, best,
                                         _relax_left(relax_iters, deadline)))
         for t in range(1, t_cur + 1):
             k = idx[t] + (1 if t < t_cur else 0)
             v = _node_value(t, keys_all, k, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, best, gamma, kt, wtop,
-                            buf, bidx, h, zs, zc, dirn, iters, gc, gk)
+                            buf, bidx, h, zs, zc, dirn, iters, gc, gk, best)
             if v < best and relax_iters > 0 and N - k >= s - t:
                 v = max(v, _relaxed(ys[t], ws[t], A, pw, nrm, k, s - t, best, _relax_left(relax_iters, deadline)))
             v = max(v, first)
@@ -438,6 +446,8 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     vals = np.full(N, np.inf)
     fstate = np.zeros(N, np.int64)
     out = np.full(1, -1, np.int64)
+    if N >= LONG_ROWS:  # no LP on long rows: the rescue tests bound their nodes, and the time goes to the refinement
+        tail_lps = 0
     use_tail = tail_lps > 0 and 1 < s < N
     stop = STOP_BELOW * best if use_tail else -1.0
     k_tail, v_tail = N, np.inf
@@ -447,7 +457,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     left_low = np.zeros(N, dtype=np.bool_)
     while True:
         _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, best, gamma, iters, relax_iters,
-                          vals, fstate, k_to, cur0, stop if lps + nlps > 0 else -1.0, out)
+                          vals, fstate, k_to, cur0, stop if lps + nlps > 0 else -1.0, out, deadline)
         if out[0] < 0:
             break
         if time.perf_counter() >= deadline:  # no LP after the deadline (the pass goes on without them)

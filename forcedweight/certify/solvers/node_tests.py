@@ -518,18 +518,37 @@ def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
     return j
 
 
+RESCUE_STEPS = 128  # supergradient steps of a rescue test (node_scratch must get at least this many)
+RESCUE_SHARES = (2.0 ** -2, 2.0 ** -4, 2.0 ** -8, 2.0 ** -12)  # its lams, as shares of the incumbent, tried in turn
+# (first-level nodes the 8-step bisection leaves at 0 on open N ~ 4,096 rows: 128 steps at 2**-12 of the
+# incumbent bound all of them on 4 of 15 rows and leave 1-83 of 487-2,610 on the others, in 0.03-0.4 s a row;
+# 512 or 2,048 steps leave about half of those; BENCHMARKS.md, issue 15)
+
+
 @njit(cache=True)
 def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt, wtop,
-                buf, bidx, h, zs, zc, dirn, iters, gc, gk):
+                buf, bidx, h, zs, zc, dirn, iters, gc, gk, incumbent=0.0):
     """A proved lower bound on E over node (level t, candidates ``L[p0:ln]``), capped at ``top``.
 
     ``_node_lb_ok(lam) == False`` proves every completion has ``E >= lam``; the largest such lam
-    on a bisection of ``[0, top]`` (``iters`` halvings) is returned (``top`` itself when proved
-    there, 0 when nothing is).
+    on a bisection of ``[0, top]`` (``iters`` halvings, NREF steps a test) is returned (``top`` itself
+    when proved there). When it proves nothing and ``incumbent`` > 0, rescue tests with RESCUE_STEPS
+    steps (the long rows' step lengths) try ``lam = share * incumbent`` for each of RESCUE_SHARES below
+    ``top``, largest first, and return the first proved (0 when none is): the 8 steps of the bisection's
+    tests often stop short of a direction that exists. Lams relative to the incumbent, not to ``top``,
+    so that a running minimum passed as ``top`` does not shrink geometrically from node to node; and a cap
+    at most the second share (a running minimum a rescue set) gets a rescue test at ``top`` itself first,
+    before the bisection.
+    ``zs``/``zc`` must hold ``RESCUE_STEPS * s`` entries then (``node_scratch(..., RESCUE_STEPS)``).
     """
     if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt,
                        wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
         return top
+    if incumbent > 0.0 and top <= RESCUE_SHARES[1] * incumbent:
+        # a cap at or below the first rescue's lam (a running minimum that a rescue set): that test first
+        if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt,
+                           wtop, buf, bidx, h, zs, zc, RESCUE_STEPS, THETA_LONG, DECAY_LONG, dirn, gc, gk):
+            return top
     lo_l = 0.0
     hi_l = top
     for _ in range(iters):
@@ -539,4 +558,12 @@ def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
             hi_l = mid
         else:
             lo_l = mid
+    if lo_l == 0.0 and incumbent > 0.0:
+        for share in RESCUE_SHARES:
+            lam = share * incumbent
+            if lam >= top:
+                continue
+            if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, kt,
+                               wtop, buf, bidx, h, zs, zc, RESCUE_STEPS, THETA_LONG, DECAY_LONG, dirn, gc, gk):
+                return lam
     return lo_l
