@@ -431,7 +431,8 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     bounded by a linear program (``lp_bound.choose_tail``; at most ``tail_lps`` tail starts in all;
     ``tail_lps = 0`` turns off the node LPs too; ``stats[6]`` = the tail's first key, -1 for
     none), and the pass goes on below the tail, moving the tail's start down again at the next
-    such node. Then the open frontier
+    such node (no LP on rows of ``LONG_ROWS`` keys or more: there the nodes' rescue tests, ``_node_value``,
+    bound them in a fraction of an LP's time). Then the open frontier
     (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``), whose
     relaxation steps are ``refine_relax`` (0 = its nodes are only split and tested;
     ``bnb.refine_relax_iters`` gives 0 on long rows, ``relax_iters`` below).
