@@ -128,9 +128,9 @@ def _first_level_vals(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
     relaxation of the smallest ones come from ``_refine``, within its budget). Past ``deadline``
     (``perf_counter`` seconds) a node at 0 caps the rest at 0 (no refinement will start to raise it), so
     the pass ends cheaply (a layer-0 row's thousands of cancelling nodes, each with its failed rescues,
-    took 4-14 s more otherwise); it still bounds every node as the pass without a deadline would until then. Stops
-    after the first node whose bound is below ``stop_below`` and sets ``out[0]`` to its k (-1 when the pass
-    completed). Returns the key-steps spent.
+    took 2-14 s more otherwise); until then it bounds every node as the pass without a deadline would.
+    Stops after the first node whose bound is below ``stop_below`` and sets ``out[0]`` to its k (-1 when the
+    pass completed). Returns the key-steps spent.
     """
     N, d = A.shape
     ys1 = np.zeros((2, d))

@@ -520,9 +520,9 @@ def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
 
 RESCUE_STEPS = 128  # supergradient steps of a rescue test (node_scratch must get at least this many)
 RESCUE_SHARES = (2.0 ** -2, 2.0 ** -4, 2.0 ** -8, 2.0 ** -12)  # its lams, as shares of the incumbent, tried in turn
-# (first-level nodes the 8-step bisection leaves at 0 on open N ~ 4,096 rows: 128 steps at 2**-12 of the
-# incumbent bound all of them on 4 of 15 rows and leave 1-83 of 487-2,610 on the others, in 0.03-0.4 s a row;
-# 512 or 2,048 steps leave about half of those; BENCHMARKS.md, issue 15)
+# (on 13 open N ~ 4,096 rows outside layer 0, of the first-level nodes an 8-step test at 2**-12 of the value left
+# at 0, 12-1,490 a row, 128 steps left none on 3 rows and 1-83 on the others, in 0.03-0.4 s a row; 512 or 2,048
+# steps leave about half of those; on layer-0 rows 236-758 of ~3,000; BENCHMARKS.md, issue 15)
 
 
 @njit(cache=True)
