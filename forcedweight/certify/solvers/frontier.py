@@ -44,7 +44,6 @@ REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
 STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls for an LP direction
 LP_KEYS = 24_000  # budget of those LPs per stopped search, in keys (an LP over N - k keys costs N - k)
-LP_MAX_KEYS = 4096  # no LP over more keys (at N ~ 8,192 each took ~2 s and raised no bound; BENCHMARKS.md)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
                 "tail_from", "zero_stop", "deadline")
 
@@ -448,7 +447,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     fstate = np.zeros(N, np.int64)
     out = np.full(1, -1, np.int64)
     if N >= LONG_ROWS:  # no LP on long rows: the rescue tests bound their nodes, and the time goes to the refinement
-        tail_lps = 0
+        tail_lps = 0  # (at N ~ 4,096 six LPs took the whole deadline; at 8,192 each took ~2 s; BENCHMARKS.md)
     use_tail = tail_lps > 0 and 1 < s < N
     stop = STOP_BELOW * best if use_tail else -1.0
     k_tail, v_tail = N, np.inf
@@ -465,8 +464,6 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
             nlps = lps = 0
             stats[8] = 1
         kz = int(out[0])
-        if N - kz > LP_MAX_KEYS:
-            lp_keys = 0
         if nlps > 0 and lp_keys >= N - kz:  # first its own bound along an LP direction
             nlps -= 1
             lp_keys -= N - kz
