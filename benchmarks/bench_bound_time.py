@@ -17,13 +17,24 @@ import sys
 import time
 
 
+def _seconds(text: str) -> list:
+    """``--bound-times``: comma-separated positive seconds."""
+    try:
+        out = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of seconds: {text!r}") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"bound times must be > 0: {text!r}")
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--real", required=True, help="a forcedweight dump (folder or Parquet file)")
     ap.add_argument("--rows", required=True, help="comma-separated row_ids")
     ap.add_argument("--s", type=int, default=8)
     ap.add_argument("--node-limit", type=int, default=200_000)
-    ap.add_argument("--bound-times", default="2,8,15,30,60", help="comma-separated seconds of the bound phase")
+    ap.add_argument("--bound-times", type=_seconds, default="2,8,15,30,60", help="comma-separated seconds of the bound phase")
     ap.add_argument("--refine-work", type=float, default=5e9, help="the refinement's key-step budget")
     args = ap.parse_args(argv)
 
@@ -47,7 +58,7 @@ def main(argv=None) -> None:
     for rid in ids:
         r = rows[rid]
         start = pool_optimum(r.p, r.V, args.s)[2]
-        for bt in (float(x) for x in args.bound_times.split(",")):
+        for bt in args.bound_times:
             t0 = time.perf_counter()
             res = solve_bnb(r.p, r.V, args.s, incumbent=start, node_limit=args.node_limit, time_limit=1e9,
                             bound_time=bt, refine_work=args.refine_work)
