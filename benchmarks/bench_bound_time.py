@@ -7,7 +7,7 @@ For each row (``row_id``s of a ``forcedweight dump``) and each bound time T: ``s
 (``pool.pool_optimum``), stopped by ``--node-limit`` (one thread: the same open frontier at every T), whose bound
 phase (``frontier.open_bound``: the first-level pass, then the best-first refinement of ``--refine-work``
 key-steps) ends at T seconds (``bound_time``; a 10 s time limit gives 2 s). Prints the bound as a share of the
-value, the phase's seconds and the refinement's counters. Set ``NUMBA_NUM_THREADS=1``.
+value, the seconds of the whole call (search and bound) and the refinement's counters. Set ``NUMBA_NUM_THREADS=1``.
 """
 
 from __future__ import annotations
