@@ -10,8 +10,8 @@ r smallest (values and keys) of the last scan, on range nodes and on thinned can
 import numpy as np
 import pytest
 
-from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, THETA, _EPS, _node_lb_ok, mass_tops,
-                                                     key_table, node_scratch, suffix_max)
+from forcedweight.certify.solvers.node_tests import (DECAY, DIRN, NREF, SCAN_BLOCK, THETA, _EPS, _node_lb_ok,
+                                                     mass_tops, key_table, node_scratch, suffix_max)
 from forcedweight.certify.solvers.search_row import prepare, search_order
 from forcedweight.core import operator as op
 
@@ -89,9 +89,27 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     ``range``: the node R = k..N-1 of ``keys = arange(N)``; ``list``: R a thinned sorted subset of the
     keys from k on, placed after other keys in its list (as the search's levels are after exclusion),
     so positions and keys differ; the compacted Gram rows' scratch is reused from trial to trial."""
+    compared, stopped, _ = _compare_scans(seed, order_by, layout, 400, 60)
+    assert compared >= 30
+    assert stopped >= 10  # the early stop happened (h left untouched beyond the last key read)
+
+
+@pytest.mark.parametrize("seed,layout", [(0, "range"), (1, "list")])
+def test_scans_by_blocks_equal_the_full_scan_on_long_lists(seed, layout):
+    """N = 3,000 with masses less heavy-tailed (log-normal, sigma 1): the step scans read several SCAN_BLOCK
+    blocks and stop inside one (the stop is checked at each block's start, so a block reads keys past it);
+    verdicts and r smallest still equal the key-by-key reference bit for bit."""
+    compared, stopped, long_scans = _compare_scans(seed, "search", layout, 3000, 30, spread=1.0)
+    assert compared >= 15 and stopped >= 5
+    assert long_scans >= 5  # scans that read more than two blocks
+
+
+def _compare_scans(seed, order_by, layout, N, trials, spread=3.0):
+    """Random nodes of a heavy-tailed row of N keys against ``_reference``; returns (nodes compared, scans that
+    stopped early, scans that read more than 2 SCAN_BLOCK positions)."""
     rng = np.random.default_rng(seed)
-    N, d, s = 400, 6, 6
-    p = np.exp(3.0 * rng.normal(size=N))
+    d, s = 6, 6
+    p = np.exp(spread * rng.normal(size=N))
     p /= p.sum()
     V = rng.normal(size=(N, d))
     A0 = op.centred_contributions(p, V)
@@ -99,8 +117,8 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
     A, pw, nrm, G, lo, hi, _, _, gamma, wtop = prepare(A0, p, s, order)[:10]
     *_, gc, gk = node_scratch(nrm, pw, wtop, s, NREF)  # the search's scratch layout, reused (stale) between trials
     gc[:] = np.nan
-    stopped = compared = 0
-    for trial in range(60):
+    stopped = compared = long_scans = 0
+    for trial in range(trials):
         t = int(rng.integers(1, s))
         T = np.sort(rng.choice(40, size=t, replace=False))
         k = int(rng.integers(T[-1] + 1, 60))
@@ -138,8 +156,8 @@ def test_early_stopped_scans_equal_the_full_scan(seed, order_by, layout):
             np.testing.assert_array_equal(L[bidx[:r]], last[1])  # bidx: positions in L
             compared += 1
         stopped += bool(np.isnan(h[p0:p0 + R.size]).any())
-    assert compared >= 30
-    assert stopped >= 10  # the early stop happened (h left untouched beyond the last key read)
+        long_scans += int(np.count_nonzero(~np.isnan(h[p0:p0 + R.size])) > 2 * SCAN_BLOCK)
+    return compared, stopped, long_scans
 
 
 def test_suffix_max():

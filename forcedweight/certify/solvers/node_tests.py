@@ -111,6 +111,7 @@ def mass_tops(pw, s):
 
 
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
+SCAN_BLOCK = 64  # keys a step scan values in one vectorised pass before it inserts them (_step_scan)
 ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate positions (node_scratch's gc)
 
 
@@ -137,13 +138,14 @@ def node_scratch(nrm, pw, wtop, s, nref):
     """The node tests' arrays for one search or frontier pass over ``nrm`` (N,) norms, ``pw`` (N,) masses and
     ``wtop`` (``mass_tops``), ``nref`` steps: ``(kt, buf, bidx, h, zs, zc, keys, dirn, gc, gk)`` (``kt =
     key_table(nrm, pw, wtop)``, ``keys = arange(N)``, the candidate list of a range node ``R = k..N-1``; the
-    rest scratch: ``gc`` (ROW_SLOTS + 2, N) holds the compacted Gram rows of ``_node_lb_ok``'s steps, then a
-    scan's reduced costs and the keys its steps proved excluded, by position; ``gk`` (3, max(ROW_SLOTS, s)) is
+    rest scratch: ``gc`` (ROW_SLOTS + 4, N) holds the compacted Gram rows of ``_node_lb_ok``'s steps, then a
+    scan's reduced costs, the keys its steps proved excluded, and each position's norm and mass (copies of
+    ``kt``'s, so the scans read them contiguously), by position; ``gk`` (3, max(ROW_SLOTS, s)) is
     the rows' slot table)."""
     N = nrm.shape[0]
     return (key_table(nrm, pw, wtop), np.empty(s), np.zeros(s, np.int64), np.zeros(N),
             np.zeros(nref * s, np.int64), np.zeros(nref * s), np.arange(N), np.zeros(DIRN),
-            np.empty((ROW_SLOTS + 2, N)), np.zeros((3, max(ROW_SLOTS, s)), np.int64))
+            np.empty((ROW_SLOTS + 4, N)), np.zeros((3, max(ROW_SLOTS, s)), np.int64))
 
 
 @njit(cache=True)
@@ -185,13 +187,18 @@ def _h_at(kk, G, zs, zc, nzl):
 
 @njit(cache=True)
 def _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv, err, c, lp, lam, hv,
-               marking, buf, bidx):
+               marking, buf, bidx, nrp, pwp):
     """One supergradient step's scan of ``_node_lb_ok``: the r smallest ``g`` over ``L[p0:ln]`` into
     ``buf``/``bidx`` (early-stopped as the test's first scan), filling the step sums ``h`` of the positions
     read for the first time (from ``hv`` on) and, when ``marking``, the reduced costs ``xs``. Returns
     ``(hv, iend, xmax)``: how far ``h`` is filled, the end of the positions read, their largest ``g``
     (marking scans). Two loops, the positions already filled and then the new ones, so that the first (most
-    of a scan) holds few values and keeps them in registers. ``inv = 1 / ||v||`` (the caller checks ``||v|| > 0``;
+    of a scan) holds few values and keeps them in registers. The first goes by blocks of SCAN_BLOCK positions:
+    it values a block into ``xs`` in one pass (contiguous reads of ``cst``, ``h`` and the position copies
+    ``nrp``/``pwp`` of the norms and masses: it vectorises), then inserts; the early stop is checked at each
+    block's start, so a block may read keys past the stop, which cannot enter the r smallest (the same bound),
+    and the r smallest are those of the key-by-key scan bit for bit (``iend`` and the marked keys may reach
+    further: marks with this scan's own values, as valid). ``inv = 1 / ||v||`` (the caller checks ``||v|| > 0``;
     a product, not a division a key, with 2 eps more in ``err``). The loops' shared body is written out twice on
     purpose: as a Numba ``inline="always"`` helper it made the search 5-6x slower (row 49 from its optimum:
     72-81 s against 12.3-12.8 s; BENCHMARKS.md, issue 15)."""
@@ -199,20 +206,26 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv, err,
     worst = np.inf
     xmax = -np.inf
     stop = min(hv, ln)
-    for i in range(p0, stop):
+    i = p0
+    while i < stop:
         ui = uint64(i)
-        kk = L[ui]
-        uk = uint64(kk)
+        uk = uint64(L[ui])
         if worst <= -(c * kt[uk, 0] + lp * kt[uk, 1]):
             return hv, i, xmax
-        x = ((alpha * cst[ui] + h[ui]) * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
-        if marking:
-            xs[ui] = x
-            xmax = max(xmax, x)
-        if n < r or x < worst:
-            n = _insert(x, i, n, r, buf, bidx)
-            if n == r:
-                worst = buf[r - 1]
+        e = min(i + SCAN_BLOCK, stop)
+        for j in range(i, e):
+            uj = uint64(j)
+            xs[uj] = ((alpha * cst[uj] + h[uj]) * inv - err * nrp[uj]) - lam * pwp[uj]
+        for j in range(i, e):
+            uj = uint64(j)
+            x = xs[uj]
+            if marking:
+                xmax = max(xmax, x)
+            if x < worst or n < r:
+                n = _insert(x, j, n, r, buf, bidx)
+                if n == r:
+                    worst = buf[r - 1]
+        i = e
     for i in range(stop, ln):
         ui = uint64(i)
         kk = L[ui]
@@ -221,6 +234,8 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv, err,
             return hv, i, xmax
         h[ui] = _h_at(kk, G, zs, zc, nz)
         mk[ui] = 0.0
+        nrp[ui] = kt[uk, 2]
+        pwp[ui] = kt[uk, 3]
         hv = i + 1
         x = ((alpha * cst[ui] + h[ui]) * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
         if marking:
@@ -251,7 +266,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     search's order (norms descending) a scan reads a small share of R on long rows.
     Scratch: ``buf``/``bidx`` (s,) (the r smallest and their positions in ``L``), ``h`` (N,) (the
     steps' sums by position in ``L``), ``zs``/``zc`` (nref * s,) (the supergradient steps' keys and
-    coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS + 2, N) /
+    coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS + 4, N) /
     (3, max(ROW_SLOTS, s)) (the steps' Gram rows compacted to the positions, see the step loop; then the
     marking scans' reduced costs and marks). When the node passes after the projection test, ``dirn``
     (DIRN,) holds its last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none), and
@@ -298,6 +313,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     cst = cs[t]
     xs = gc[ROW_SLOTS]  # a marking scan's reduced costs, by position
     mk = gc[ROW_SLOTS + 1]  # 1 where a scan proved the key excluded (valid for L[p0:hv])
+    nrp = gc[ROW_SLOTS + 2]  # each position's norm and mass (kt[L[i], 2:4]), filled as far as h (the
+    pwp = gc[ROW_SLOTS + 3]  # step scans' first loop reads them contiguously: it vectorises)
     n = 0
     worst = np.inf
     hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
@@ -314,6 +331,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
                 worst = buf[r - 1]
         h[ui] = 0.0
         mk[ui] = 0.0
+        nrp[ui] = kt[uk, 2]
+        pwp[ui] = kt[uk, 3]
         hv = i + 1
     tot = ny - lam * ws[t] + _sum_r(buf, r)
     if tot >= 0.0:
@@ -430,7 +449,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         # BENCHMARKS.md, issue 15)
         marking = r >= 2 and step >= nref // 2
         hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv,
-                                    err, c, lp, lam, hv, marking, buf, bidx)
+                                    err, c, lp, lam, hv, marking, buf, bidx, nrp, pwp)
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
             return False
