@@ -311,7 +311,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     # and keep buf[r - 1] as ``worst`` (inf until r keys are in): a key that cannot enter the r
     # smallest is not passed to _insert, which would return it unchanged.
     cst = cs[t]
-    xs = gc[ROW_SLOTS]  # a marking scan's reduced costs, by position
+    xs = gc[ROW_SLOTS]  # a step scan's reduced costs, by position (read after a marking scan)
     mk = gc[ROW_SLOTS + 1]  # 1 where a scan proved the key excluded (valid for L[p0:hv])
     nrp = gc[ROW_SLOTS + 2]  # each position's norm and mass (kt[L[i], 2:4]), filled as far as h (the
     pwp = gc[ROW_SLOTS + 3]  # step scans' first loop reads them contiguously: it vectorises)
