@@ -28,10 +28,18 @@ def _seconds(text: str) -> list:
     return out
 
 
+def _row_ids(text: str) -> list:
+    """``--rows``: comma-separated row_ids."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of row_ids: {text!r}") from None
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--real", required=True, help="a forcedweight dump (folder or Parquet file)")
-    ap.add_argument("--rows", required=True, help="comma-separated row_ids")
+    ap.add_argument("--rows", required=True, type=_row_ids, help="comma-separated row_ids")
     ap.add_argument("--s", type=int, default=8)
     ap.add_argument("--node-limit", type=int, default=200_000)
     ap.add_argument("--bound-times", type=_seconds, default="2,8,15,30,60", help="comma-separated seconds of the bound phase")
@@ -44,7 +52,7 @@ def main(argv=None) -> None:
     from forcedweight.errors import InputError
     from forcedweight.rows import rows_by_id
 
-    ids = [int(x) for x in args.rows.split(",")]
+    ids = args.rows
     try:
         rows = rows_by_id(args.real, set(ids))
     except InputError as e:

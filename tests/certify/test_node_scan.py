@@ -105,7 +105,8 @@ def test_scans_by_blocks_equal_the_full_scan_on_long_lists(seed, layout):
 
 
 def _compare_scans(seed, order_by, layout, N, trials, spread=3.0):
-    """Random nodes of a heavy-tailed row of N keys against ``_reference``; returns (nodes compared, scans that
+    """Random nodes of a row of N keys with log-normal masses (sigma ``spread``: 3 is heavy-tailed, most scans
+    stop within a block; 1 makes them read several) against ``_reference``; returns (nodes compared, scans that
     stopped early, scans that read more than 2 SCAN_BLOCK positions)."""
     rng = np.random.default_rng(seed)
     d, s = 6, 6
