@@ -53,13 +53,13 @@ def main(argv=None) -> None:
     steps = search_steps(N)
     prep = (A, pw, wtop, nrm, G, lo, hi, use_box, s, bnb.REL_TOL, kappa, gamma)
     warm = SearchState(N, s, A.shape[1])  # compile (or load) the search before any clock
-    bnb._search(*prep, *warm.arrays(), best.copy(), bestset.copy(), 10, *steps, True, 0)
+    bnb._search(*prep, *warm.arrays(), *warm.warm_arrays(), best.copy(), bestset.copy(), 10, *steps, True, 0)
     per_key = []
     for k in range(N):
         st = SearchState(N, s, A.shape[1])
         st.at_first_level(k)
         t0 = time.perf_counter()
-        bnb._search(*prep, *st.arrays(), best, bestset, 1 << 62, *steps, True, st.floor)
+        bnb._search(*prep, *st.arrays(), *st.warm_arrays(), best, bestset, 1 << 62, *steps, True, st.floor)
         per_key.append((int(st.state[2]), time.perf_counter() - t0))
         if st.state[1] == 1:  # the level-0 node k was pruned: so is every later one
             break

@@ -268,8 +268,9 @@ def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypa
 
 
 def test_bnb_long_rows_take_their_own_steps_on_every_thread(monkeypatch):
-    # rows of LONG_ROWS keys or more: NREF_LONG steps of length THETA_LONG / j**DECAY_LONG, in the serial
-    # search and on the threads alike; shorter rows NREF steps of THETA / j**DECAY (every batch recorded)
+    # rows of LONG_ROWS keys or more: NREF_LONG steps of length THETA_LONG / j**DECAY_LONG and warm starts of
+    # WARM_STEPS steps, in the serial search and on the threads alike; shorter rows NREF steps of
+    # THETA / j**DECAY, every test cold (every batch recorded)
     import threading
 
     import forcedweight.certify.solvers.bnb as bnb
@@ -280,8 +281,8 @@ def test_bnb_long_rows_take_their_own_steps_on_every_thread(monkeypatch):
     seen = []
 
     def recorded(*args):
-        # (nref, theta, decay, whether on the main thread)
-        seen.append((args[-5], args[-4], args[-3], threading.current_thread() is threading.main_thread()))
+        # (nref, theta, decay, nwarm, whether on the main thread)
+        seen.append((args[-6], args[-5], args[-4], args[-3], threading.current_thread() is threading.main_thread()))
         return search(*args)
 
     monkeypatch.setattr(bnb, "_search", recorded)
@@ -289,11 +290,11 @@ def test_bnb_long_rows_take_their_own_steps_on_every_thread(monkeypatch):
     p, V = synthetic_row(40, 0.3, 3, d=4)
     ref, _ = brute_force_best(p, V, 5)
     bad = np.argsort(p, kind="stable")[:5]
-    for long_from, steps in ((nt.LONG_ROWS, (nt.NREF, nt.THETA, nt.DECAY)),
-                             (10, (nt.NREF_LONG, nt.THETA_LONG, nt.DECAY_LONG))):
+    for long_from, steps in ((nt.LONG_ROWS, (nt.NREF, nt.THETA, nt.DECAY, 0)),
+                             (10, (nt.NREF_LONG, nt.THETA_LONG, nt.DECAY_LONG, nt.WARM_STEPS))):
         monkeypatch.setattr(nt, "LONG_ROWS", long_from)
         seen.clear()
         res = solve_bnb(p, V, 5, incumbent=bad, threads=2, time_limit=60)
         check_result(res, p, V, 5, ref, 2 * REL_TOL)
-        assert {x[:3] for x in seen} == {steps}
-        assert {x[3] for x in seen} == {True, False}  # both the serial search and the threads ran
+        assert {x[:4] for x in seen} == {steps}
+        assert {x[4] for x in seen} == {True, False}  # both the serial search and the threads ran

@@ -8,6 +8,7 @@ import pytest
 from forcedweight.certify.enumerate import brute_force_best
 from forcedweight.certify.solvers import subtrees
 from forcedweight.certify.solvers.bnb import solve_bnb
+from forcedweight.certify.solvers.node_tests import WARM_STEPS
 
 
 def _pv(seed, n, d, peak):
@@ -38,26 +39,28 @@ def test_threaded_search_is_exact(threads, monkeypatch):
     # steal makes are checked deterministically in test_split_parts_partition_the_search)
 
 
-def _run_to_end(st, prep, best, s):
+def _run_to_end(st, prep, best, s, nwarm=0):
     """Run ``bnb._search`` on the state ``st`` until it reports its part done (1: the whole search; 2: it
-    backtracked above its floor)."""
+    backtracked above its floor); ``nwarm``: the steps of a test that starts from its level's last direction."""
     from forcedweight.certify.solvers.bnb import _search
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
 
     A, pw, wtop, nrm, G, lo, hi, use_box, kappa, gamma = prep
     while st.state[1] == 0:
-        _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, 1e-9, kappa, gamma, *st.arrays(), best, np.arange(s),
-                10_000, NREF, THETA, DECAY, True, st.floor)
+        _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, 1e-9, kappa, gamma, *st.arrays(), *st.warm_arrays(), best,
+                np.arange(s), 1_000, NREF, THETA, DECAY, nwarm, True, st.floor)
     return st.state[2:].copy()
 
 
+@pytest.mark.parametrize("nwarm", [0, WARM_STEPS])
 @pytest.mark.parametrize("seed, share", [(7, 0.1), (8, 0.4), (9, 0.7)])
-def test_split_parts_partition_the_search(seed, share):
+def test_split_parts_partition_the_search(seed, share, nwarm):
     """Work stealing without threads: under a fixed incumbent just below the optimum (nothing can replace
     it, so every prune is the same in any order), the largest first-level subtree of the first eight keys,
     stopped ``share`` of the way through and split (``SearchState.split``), with both parts run to their
     ends, visits exactly the nodes of the unsplit subtree, level by level; the part handed off starts at a
-    later sibling of a path node."""
+    later sibling of a path node. With warm starts (``nwarm``) too: the part handed off takes its level's
+    last direction, shifted to its positions, so its tests are the unsplit search's."""
     from forcedweight.certify.solvers.bnb import _search
     from forcedweight.certify.solvers.search_row import prepare
     from forcedweight.certify.solvers.node_tests import DECAY, NREF, THETA
@@ -77,20 +80,20 @@ def test_split_parts_partition_the_search(seed, share):
         st.at_first_level(k)
         return st
 
-    sizes = {k: _run_to_end(subtree(k), prep, np.array([below]), s) for k in range(8)}
+    sizes = {k: _run_to_end(subtree(k), prep, np.array([below]), s, nwarm) for k in range(8)}
     k = max(sizes, key=lambda j: sizes[j][0])  # the largest of the first eight
     whole = sizes[k]
     assert whole[0] >= 100  # a subtree worth splitting
     budget = int(share * whole[0])  # stop part-way through it
 
     st = subtree(k)
-    _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, 1e-9, kappa, gamma, *st.arrays(), np.array([below]),
-            np.arange(s), budget, NREF, THETA, DECAY, True, st.floor)
+    _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, 1e-9, kappa, gamma, *st.arrays(), *st.warm_arrays(),
+            np.array([below]), np.arange(s), budget, NREF, THETA, DECAY, nwarm, True, st.floor)
     assert st.state[1] == 0, int(st.state[2])  # stopped inside the subtree
     new = st.split()
     assert new is not None and new.floor == int(new.state[0]) >= 1 and st.floor == new.floor + 1
-    first = _run_to_end(st, prep, np.array([below]), s)
-    second = _run_to_end(new, prep, np.array([below]), s)
+    first = _run_to_end(st, prep, np.array([below]), s, nwarm)
+    second = _run_to_end(new, prep, np.array([below]), s, nwarm)
     assert first[0] > 0 and second[0] > 0  # both parts searched something
     np.testing.assert_array_equal(first + second, whole)  # nodes, leaf evaluations, nodes per level
 
@@ -150,7 +153,7 @@ def test_threads_stop_at_the_deadline(monkeypatch):
     best = np.array([np.inf])
     bestset = np.arange(5)
     done, counts, frontier = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), 5, 1e-9,
-                                                      kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY), True,
+                                                      kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY, 0), True,
                                                       0.0, 2)
     assert not done and frontier is not None
     assert 0 < counts[0] <= 2 * 50
@@ -193,7 +196,7 @@ def test_jobs_run_beside_the_search_and_publish_their_set(monkeypatch):
             best = np.array([_set_error(A, pw, start)])
             bestset = start.copy()
             done, counts, _ = subtrees.search_subtrees(_search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9,
-                                                       kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY),
+                                                       kappa, gamma, serial, best, bestset, (NREF, THETA, DECAY, 0),
                                                        True, np.inf, threads, [(due, job)])
             assert done and len(calls) == runs
             nodes[threads, runs] = int(counts[0])
@@ -270,6 +273,6 @@ def test_a_job_hands_its_part_to_the_other_threads(monkeypatch):
     best = np.array([_set_error(A, pw, start)])
     done, counts, _ = subtrees.search_subtrees(search, (A, pw, wtop, nrm, G, lo, hi, use_box), s, 1e-9, kappa, gamma,
                                                subtrees.SearchState(n, s, A.shape[1]), best, start.copy(),
-                                               (NREF, THETA, DECAY), True, np.inf, 2, [(0, job)])
+                                               (NREF, THETA, DECAY, 0), True, np.inf, 2, [(0, job)])
     assert done and abs(best[0] - opt) <= 1e-12 * opt
     assert job_ran["handed"]  # another thread searched the job thread's part while the job ran

@@ -87,7 +87,7 @@ def _set_error(A, pw, S) -> float:
 
 @njit(cache=True, nogil=True)
 def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs,
-            cs, best, bestset, budget, nref, theta, decay, exclude, floor):
+            cs, wh, wz, wc, wst, best, bestset, budget, nref, theta, decay, nwarm, exclude, floor):
     """Resumable DFS over candidate lists. Level t's candidates are ``L[t, :Ln[t]]`` and its node is
     ``pos[t]`` (the next key ``L[t, pos[t]]``); state = [t, done, nodes, leaves, nodes per level...];
     best = [E_best]. Returns after ``budget`` nodes. ``done`` is 1 when the search is complete, 2 when
@@ -106,7 +106,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
         r = s - t
         Lt = L[t]
         ok = _node_lb_ok(t, Lt, p0, Ln[t], s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, kt, wtop, buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk)
+                         gamma, kt, wtop, buf, bidx, wh[t], wz[t], wc[t], nref, theta, decay, dirn, gc, gk, nwarm, wst[t])
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
@@ -142,7 +142,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
             # reduced-cost exclusion: candidates no improving completion can hold leave this level's
             # list (this subtree and every later sibling); then re-test if the next key itself left
             k = Lt[p0]
-            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, ws, cs, lam, kt, buf, bidx, h, dirn, gc)
+            Ln[t] = _exclude(t, Lt, p0, Ln[t], s, ws, cs, lam, kt, buf, bidx, wh[t], dirn, gc, wst[t])
             if Ln[t] - p0 < r:
                 ok = False
             elif Lt[p0] != k:
@@ -163,6 +163,7 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
             Ln[t + 1] = m
             t += 1
             pos[t] = 0
+            wst[t, 0] = 0.0  # a new T at this level: no direction to start from
             continue
         # pruned or exhausted: back to the parent's next candidate
         t -= 1
@@ -257,8 +258,9 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
     # (level 0: all); state: t, done, nodes, leaf evals, nodes per level
     search = SearchState(N, s, A.shape[1])
     pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
+    warm = search.warm_arrays()
     threads = 1 if node_limit is not None else max(1, int(threads))
-    nref, theta, decay = search_steps(N)
+    steps = search_steps(N)
     budget = 256
     deadline = t0 + time_limit
     # incumbent phases, at node counts where a batch ends exactly (node-limited runs stay
@@ -299,11 +301,12 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             # of them beside the search
             jobs = [(after, functools.partial(phase, restarts, seed)) for after, restarts, seed in phases]
             done, counts, frontier = search_subtrees(_search, row.search_arrays, s, rel_tol,
-                                                     kappa, gamma, search, best, bestset, (nref, theta, decay),
+                                                     kappa, gamma, search, best, bestset, steps,
                                                      exclude, deadline, threads, jobs)
             if frontier is not None:
                 search = frontier
                 pos, L, Ln, state, ys, ws, bs, cs = search.arrays()
+                warm = search.warm_arrays()
             state[1] = int(done)
             state[2] = counts[0]
             state[3] = counts[1]
@@ -311,7 +314,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
             break
         tb = time.perf_counter()
         _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos, L, Ln, state, ys, ws, bs,
-                cs, best, bestset, budget, nref, theta, decay, exclude, 0)
+                cs, *warm, best, bestset, budget, *steps, exclude, 0)
         now = time.perf_counter()
         if state[1] or now >= deadline or (node_limit is not None and state[2] >= node_limit):
             break

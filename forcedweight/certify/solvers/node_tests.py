@@ -33,9 +33,10 @@ DECAY_LONG = 0.9  # from their optima, one thread: 0.80x and 0.93x the time of 1
 
 
 def search_steps(N: int) -> tuple:
-    """``(nref, theta, decay)``: the search's supergradient steps per node test and their lengths on a row
-    of ``N`` keys (the long rows' ones from ``LONG_ROWS`` keys on)."""
-    return (NREF_LONG, THETA_LONG, DECAY_LONG) if N >= LONG_ROWS else (NREF, THETA, DECAY)
+    """``(nref, theta, decay, nwarm)``: the search's supergradient steps per node test and their lengths on a
+    row of ``N`` keys, and the steps of a test that starts from its level's last direction (0: every test
+    starts cold); the long rows' ones from ``LONG_ROWS`` keys on."""
+    return (NREF_LONG, THETA_LONG, DECAY_LONG, WARM_STEPS) if N >= LONG_ROWS else (NREF, THETA, DECAY, 0)
 
 
 @njit(cache=True)
@@ -112,6 +113,13 @@ def mass_tops(pw, s):
 
 DIRN = 6  # the direction state a passing projection test leaves for _exclude (node_scratch's dirn)
 SCAN_BLOCK = 64  # keys a step scan values in one vectorised pass before it inserts them (_step_scan)
+WARM_STEPS = 4  # the search's steps on long rows when a test starts from its level's last direction (warm start)
+WARM_RESTART = 4.0  # ... whose step lengths go on as from step WARM_RESTART + 1 (at most the steps done)
+# (dall4096 rows 23 / 49 from their optima, one thread, beside another run: cold 2.85 / 13.56 s, warm with 4 steps
+# 2.45 / 8.99 s; lengths going on from the steps done 2.71 / 9.71 (8 warm steps 3.48 / 14.79), from step 1
+# 2.41 / 9.71, 3; 2 warm steps 2.37 / 8.95; BENCHMARKS.md, issue 15)
+WARM_FIELDS = 9  # a level's kept direction: valid, alpha, vv, vy, bz, nz, keys, hv, steps done (warm_scratch)
+WARM_KEYS = 64  # a level's direction keeps at most WARM_KEYS * s keys (then a test starts cold)
 ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate positions (node_scratch's gc)
 
 
@@ -146,6 +154,14 @@ def node_scratch(nrm, pw, wtop, s, nref):
     return (key_table(nrm, pw, wtop), np.empty(s), np.zeros(s, np.int64), np.zeros(N),
             np.zeros(nref * s, np.int64), np.zeros(nref * s), np.arange(N), np.zeros(DIRN),
             np.empty((ROW_SLOTS + 4, N)), np.zeros((3, max(ROW_SLOTS, s)), np.int64))
+
+
+def warm_scratch(N: int, s: int):
+    """Each level's direction kept between its tests (the search's ``_node_lb_ok(..., wst)``): ``(wh, wz, wc,
+    wst)``, the step sums ``h`` by position (s + 1, N), the direction's keys and coefficients (s + 1,
+    WARM_KEYS * s), and its scalars (s + 1, WARM_FIELDS; ``wst[t, 0] = 0``: none)."""
+    return (np.zeros((s + 1, N)), np.zeros((s + 1, WARM_KEYS * s), np.int64), np.zeros((s + 1, WARM_KEYS * s)),
+            np.zeros((s + 1, WARM_FIELDS)))
 
 
 @njit(cache=True)
@@ -250,7 +266,7 @@ def _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv, err,
 
 @njit(cache=True)
 def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, kt, wtop,
-                buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk):
+                buf, bidx, h, zs, zc, nref, theta, decay, dirn, gc, gk, nwarm=0, wst=None):
     """True when node (T = level t, candidates ``R = L[p0:ln]``) may contain a set with E < lam.
 
     ``L`` holds key indices in increasing order (the search's order); a range node ``R = k..N-1``
@@ -268,7 +284,12 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     steps' sums by position in ``L``), ``zs``/``zc`` (nref * s,) (the supergradient steps' keys and
     coefficients, so ``h`` is filled only as far as a scan reads), ``gc``/``gk`` (ROW_SLOTS + 4, N) /
     (3, max(ROW_SLOTS, s)) (the steps' Gram rows compacted to the positions, see the step loop; then the
-    marking scans' reduced costs and marks). When the node passes after the projection test, ``dirn``
+    marking scans' reduced costs and marks). ``wst`` (WARM_FIELDS,) with ``nwarm > 0`` (the search on long
+    rows): ``h``, ``zs``, ``zc`` are then the level's own (``warm_scratch``), the direction's coefficients are kept
+    one per key, and the test starts from the direction the level's last test ended with when ``wst[0] == 1``
+    (that test passed; the caller sets ``wst[0] = 0`` at a new T), takes ``nwarm`` steps with lengths going on
+    as from step WARM_RESTART + 1, and marks in every scan; a test that passes leaves its direction in ``wst``
+    (``_exclude`` moves the sums with their keys). When the node passes after the projection test, ``dirn``
     (DIRN,) holds its last direction for ``_exclude`` (``dirn[0] = 1``; 0 when there is none), and
     ``gc[ROW_SLOTS + 1, p0:hv]`` is 1 at the keys the scans of the last half of the steps proved to be in no
     completion with E < lam (their reduced costs, as ``_exclude``'s, with each scan's direction).
@@ -315,48 +336,96 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     mk = gc[ROW_SLOTS + 1]  # 1 where a scan proved the key excluded (valid for L[p0:hv])
     nrp = gc[ROW_SLOTS + 2]  # each position's norm and mass (kt[L[i], 2:4]), filled as far as h (the
     pwp = gc[ROW_SLOTS + 3]  # step scans' first loop reads them contiguously: it vectorises)
+    kept = dirn  # the level's kept direction (wst; typed as an array where wst is None, then unused)
+    merge = False
+    if wst is not None:
+        kept = wst
+        merge = nwarm > 0
+    warm = merge and kept[0] > 0.0 and kept[6] + nwarm * r <= zs.shape[0]
+    if merge:
+        kept[0] = 0.0  # valid again only where this test passes (its steps change h, zs and zc)
     n = 0
-    worst = np.inf
-    hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
-    for i in range(p0, ln):
-        ui = uint64(i)
-        kk = L[ui]
-        uk = uint64(kk)
-        if worst <= -(c * kt[uk, 0] + lp * kt[uk, 1]):
-            break
-        x = (cst[ui] * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
-        if n < r or x < worst:
-            n = _insert(x, i, n, r, buf, bidx)
-            if n == r:
-                worst = buf[r - 1]
-        h[ui] = 0.0
-        mk[ui] = 0.0
-        nrp[ui] = kt[uk, 2]
-        pwp[ui] = kt[uk, 3]
-        hv = i + 1
-    tot = ny - lam * ws[t] + _sum_r(buf, r)
-    if tot >= 0.0:
-        return False
-    # supergradient ascent on u: the test value is concave in u and its supergradient at u
-    # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
-    # v = alpha y_T + sum_j c_j a_{z_j}, and h[i] = sum_j c_j <a_{z_j}, a_L[i]> (from the
-    # Gram matrix) is accumulated step by step, so a step costs r (keys read) + r^2, with no
-    # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
-    # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
-    # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
-    # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||, and its
-    # product by inv = fl(1 / nv) by 2 eps more of bz ||a_kk|| / nv (hence nz + 3 in err).
-    # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
-    # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
-    alpha = 1.0 / ny
-    vv = ny2 * alpha * alpha
-    vy = ny2 * alpha
-    bz = alpha * bs[t]
-    nz = 0
-    nv = 1.0
-    dot = ny
+    if warm:
+        # the direction the last test at this level ended with (same T), and its sums h by position
+        alpha = kept[1]
+        vv = kept[2]
+        vy = kept[3]
+        bz = kept[4]
+        nz = int(kept[5])
+        nu = int(kept[6])
+        hv = max(int(kept[7]), p0)
+        j0 = min(kept[8], WARM_RESTART)
+        for i in range(p0, hv):
+            ui = uint64(i)
+            uk = uint64(L[ui])
+            mk[ui] = 0.0
+            nrp[ui] = kt[uk, 2]
+            pwp[ui] = kt[uk, 3]
+        kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
+        nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
+        if not nv > 0.0:
+            return True
+        dot = vy - kap2 * bz * bs[t]
+        err = (gamma + 2.0 * (nz + 3) * _EPS) * bz / nv
+        inv = 1.0 / nv
+        c = 1.0 + 2.0 * err + SAFE
+        marking = r >= 2
+        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nu, alpha, inv,
+                                    err, c, lp, lam, hv, marking, buf, bidx, nrp, pwp)
+        tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
+        if tot >= 0.0:
+            return False
+        if marking and tot - buf[r - 1] + xmax >= 0.0:
+            base = tot - buf[r - 1]
+            for i in range(p0, iend):
+                if base + xs[uint64(i)] >= 0.0:
+                    mk[uint64(i)] = 1.0
+        nsteps = nwarm
+    else:
+        worst = np.inf
+        hv = p0  # h (the steps' sums, 0 before the first) is filled for the keys L[p0:hv]
+        for i in range(p0, ln):
+            ui = uint64(i)
+            kk = L[ui]
+            uk = uint64(kk)
+            if worst <= -(c * kt[uk, 0] + lp * kt[uk, 1]):
+                break
+            x = (cst[ui] * inv - err * kt[uk, 2]) - lam * kt[uk, 3]
+            if n < r or x < worst:
+                n = _insert(x, i, n, r, buf, bidx)
+                if n == r:
+                    worst = buf[r - 1]
+            h[ui] = 0.0
+            mk[ui] = 0.0
+            nrp[ui] = kt[uk, 2]
+            pwp[ui] = kt[uk, 3]
+            hv = i + 1
+        tot = ny - lam * ws[t] + _sum_r(buf, r)
+        if tot >= 0.0:
+            return False
+        # supergradient ascent on u: the test value is concave in u and its supergradient at u
+        # is g = y_T + sum_Z a_z (Z the minimising completion). The direction is kept as
+        # v = alpha y_T + sum_j c_j a_{z_j}, and h[i] = sum_j c_j <a_{z_j}, a_L[i]> (from the
+        # Gram matrix) is accumulated step by step, so a step costs r (keys read) + r^2, with no
+        # d-vector: ||v||^2 and <v, y_T> are updated from Gram entries too.
+        # Rounding: bz >= sum |coefficients| * ||a|| bounds every Gram-based quantity, so
+        # |error of ||v||^2| <= kap2 bz^2 and |error of <v, y_T>| <= kap2 bz ||y_T||_1-ish
+        # (bz bs[t]); <v, a_kk> is off by at most (gamma + 2 (nz + 2) eps) bz ||a_kk||, and its
+        # product by inv = fl(1 / nv) by 2 eps more of bz ||a_kk|| / nv (hence nz + 3 in err).
+        # Using nv = sqrt(vv + kap2 bz^2) >= ||v|| and dot = vy - kap2 bz bs[t] <= <v, y_T>
+        # keeps <y_S, v> / nv <= ||y_S||, so the test stays a proof.
+        alpha = 1.0 / ny
+        vv = ny2 * alpha * alpha
+        vy = ny2 * alpha
+        bz = alpha * bs[t]
+        nz = 0
+        nv = 1.0
+        dot = ny
+        nu = 0
+        j0 = 0.0
+        nsteps = nref
     nslot = 0
-    for step in range(nref):
+    for step in range(nsteps):
         vg = vy
         yg = ny2
         gg = ny2
@@ -370,7 +439,7 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
                 gg += G[z, L[bidx[i2]]]
         if not gg > 0.0:
             break
-        eta = theta / ((step + 1.0) ** decay * np.sqrt(gg))
+        eta = theta / ((j0 + step + 1.0) ** decay * np.sqrt(gg))
         vv += 2.0 * eta * vg + eta * eta * gg
         vy += eta * yg
         alpha += eta
@@ -388,8 +457,23 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         for i in range(r):
             z = L[bidx[i]]
             bz += eta * nrm[z]
-            zs[nz + i] = z
-            zc[nz + i] = eta
+            if merge:  # one coefficient a key (the direction outlives the test: a new position's sum reads
+                # nu <= nz terms; a merged coefficient's rounding is at most its terms' count of eps, so the
+                # sums stay within the 2 (nz + 2) eps of err, nz counting every step length added)
+                jz = -1
+                for j in range(nu):
+                    if zs[j] == z:
+                        jz = j
+                        break
+                if jz < 0:
+                    zs[nu] = z
+                    zc[nu] = eta
+                    nu += 1
+                else:
+                    zc[jz] += eta
+            else:
+                zs[nz + i] = z
+                zc[nz + i] = eta
             sl = -1
             for j in range(nslot):
                 if gk[0, j] == z:
@@ -447,8 +531,8 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         # and 49 from their optima, one thread: the last half 2.38-2.42 s and 13.7-13.9 s, every scan
         # 2.39-2.50 and 14.3-14.8, from step 5 of 16 2.45-2.58 and 13.7-13.8, none 2.64-2.85 and 14.2-14.3;
         # BENCHMARKS.md, issue 15)
-        marking = r >= 2 and step >= nref // 2
-        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nz, alpha, inv,
+        marking = r >= 2 and (warm or step >= nref // 2)
+        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nu if merge else nz, alpha, inv,
                                     err, c, lp, lam, hv, marking, buf, bidx, nrp, pwp)
         tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
         if tot >= 0.0:
@@ -460,6 +544,16 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
             for i in range(p0, iend):
                 if base + xs[uint64(i)] >= 0.0:
                     mk[uint64(i)] = 1.0
+    if merge:  # kept for the next test at this level (same T)
+        kept[0] = 1.0
+        kept[1] = alpha
+        kept[2] = vv
+        kept[3] = vy
+        kept[4] = bz
+        kept[5] = nz
+        kept[6] = nu
+        kept[7] = hv
+        kept[8] = j0 + nsteps
     # the last direction (the one buf/bidx were scanned with), for _exclude
     dirn[0] = 1.0
     dirn[1] = alpha
@@ -480,10 +574,11 @@ def _among(i, bidx, m):
 
 
 @njit(cache=True)
-def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
+def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc, wst=None):
     """Drop from ``L[p0:ln]`` (in place, order kept, with their ``cs[t]`` entries) every key in no
     completion with E < lam; returns the new end. Valid after ``_node_lb_ok`` passed this node with
-    ``dirn[0] == 1``.
+    ``dirn[0] == 1``. With ``wst`` (the level's kept direction, ``_node_lb_ok``'s), the step sums ``h`` move with
+    their keys and ``wst[7]`` is set to where they end.
 
     Reduced-cost fixing with the test's last direction u: for a completion Z (r keys of R) that
     holds key j, ``<y_T + y_Z, u> - lam w(T + Z) >= <y_T, u> - lam w_T + g_j + (sum of the r - 1
@@ -513,6 +608,8 @@ def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
     cst = cs[t]
     mk = gc[ROW_SLOTS + 1]
     j = p0
+    moveh = wst is not None
+    hnew = p0  # where h ends after the compaction (its sums move with their keys, for the next test's start)
     for i in range(p0, ln):
         ui = uint64(i)  # unsigned indices: no negative-index wrap
         kk = L[ui]
@@ -522,7 +619,12 @@ def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
                 if _among(i2, bidx, r - 1):
                     L[j] = L[i2]
                     cst[j] = cst[i2]
+                    if moveh and i2 < hv:
+                        h[j] = h[i2]
+                        hnew = j + 1
                     j += 1
+            if wst is not None:
+                wst[7] = hnew
             return j
         if i >= hv:  # a key no scan read (on long rows most are light): kept, not evaluated
             L[j] = kk
@@ -533,7 +635,12 @@ def _exclude(t, L, p0, ln, s, ws, cs, lam, kt, buf, bidx, h, dirn, gc):
         if mk[ui] == 0.0 and (base + g < 0.0 or _among(i, bidx, r - 1)):
             L[j] = kk
             cst[j] = cst[ui]
+            if moveh:
+                h[j] = h[ui]
             j += 1
+            hnew = j
+    if wst is not None:
+        wst[7] = hnew
     return j
 
 

@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from forcedweight.certify.solvers.node_tests import warm_scratch
+
 
 WAIT = 0.02  # seconds an idle thread waits for a part before it looks again
 FIRST_BATCH = 256  # nodes of a thread's first batch (then sized to about 10 ms, as in the serial search)
@@ -47,7 +49,8 @@ def next_batch(budget: int, seconds: float, least: int = 100) -> int:
 class SearchState:
     """One depth-first search's arrays (``bnb._search``'s): ``pos`` (s+1,), ``L`` (s+1, N), ``Ln``
     (s+1,), ``state`` (5+s,), ``ys`` (s+1, d), ``ws``/``bs`` (s+1,), ``cs`` (s+1, N) (by position in
-    ``L``, as ``node_tests``); and its
+    ``L``, as ``node_tests``); each level's last direction (``warm_arrays``: kept with the state, so that
+    where the batches end does not change the search); and its
     ``floor`` (the shallowest level it may backtrack to; 0 = the whole search)."""
 
     def __init__(self, N: int, s: int, d: int):
@@ -61,6 +64,7 @@ class SearchState:
         self.ws = np.zeros(s + 1)
         self.bs = np.zeros(s + 1)
         self.cs = np.zeros((s + 1, N))
+        self.wh, self.wz, self.wc, self.wst = warm_scratch(N, s)
         self.floor = 0
 
     def at_first_level(self, k: int) -> None:
@@ -70,10 +74,15 @@ class SearchState:
         self.pos[0] = k
         self.Ln[0] = self.L.shape[1]
         self.state[:] = 0
+        self.wst[:] = 0.0
         self.floor = 1
 
     def arrays(self):
         return self.pos, self.L, self.Ln, self.state, self.ys, self.ws, self.bs, self.cs
+
+    def warm_arrays(self):
+        """``(wh, wz, wc, wst)``: each level's last direction (``node_tests.warm_scratch``)."""
+        return self.wh, self.wz, self.wc, self.wst
 
     def path(self) -> tuple:
         """The keys of the current path, root first: its place in the depth-first order."""
@@ -103,6 +112,12 @@ class SearchState:
             new.bs[:t + 1] = self.bs[:t + 1]
             new.cs[:t + 1] = self.cs[:t + 1]
             new.cs[t, :left] = self.cs[t, self.pos[t] + 1:self.Ln[t]]  # by position, as L[t]
+            # level t's last direction, which its next test starts from (deeper levels keep their own)
+            new.wh[t, :left] = self.wh[t, self.pos[t] + 1:self.Ln[t]]
+            new.wz[t] = self.wz[t]
+            new.wc[t] = self.wc[t]
+            new.wst[t] = self.wst[t]
+            new.wst[t, 7] = max(self.wst[t, 7] - (self.pos[t] + 1), 0.0)  # where its sums h end, by position
             new.state[0] = t
             new.floor = t
             self.floor = t + 1
@@ -132,8 +147,8 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
     functions do); a returned ``(set, value)`` better than the best is published as a thread's would be.
     Jobs not due before the search ends or times out are not run.
 
-    ``steps``: ``(nref, theta, decay)``, the node tests' supergradient steps and their lengths
-    (``node_tests.search_steps``).
+    ``steps``: ``(nref, theta, decay, nwarm)``, the node tests' supergradient steps, their lengths and the
+    steps of a test that starts from its level's last direction (``node_tests.search_steps``).
     """
     A, pw, wtop, nrm, G, lo, hi, use_box = prep
     N, d = A.shape
@@ -185,7 +200,7 @@ def search_subtrees(search, prep, s, rel_tol, kappa, gamma, serial: SearchState,
                 own_best[0] = min(own_best[0], best[0])
             tb = time.perf_counter()
             n0 = int(st.state[2])
-            search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(),
+            search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, *st.arrays(), *st.warm_arrays(),
                     own_best, own_set, budget, *steps, exclude, st.floor)
             now = time.perf_counter()
             job = None
