@@ -361,25 +361,9 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
             mk[ui] = 0.0
             nrp[ui] = kt[uk, 2]
             pwp[ui] = kt[uk, 3]
-        kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
-        nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
-        if not nv > 0.0:
-            return True
-        dot = vy - kap2 * bz * bs[t]
-        err = (gamma + 2.0 * (nz + 3) * _EPS) * bz / nv
-        inv = 1.0 / nv
-        c = 1.0 + 2.0 * err + SAFE
-        marking = r >= 2
-        hv, iend, xmax = _step_scan(L, p0, ln, r, cst, h, mk, xs, kt, G, zs, zc, nu, alpha, inv,
-                                    err, c, lp, lam, hv, marking, buf, bidx, nrp, pwp)
-        tot = dot / nv - lam * ws[t] + _sum_r(buf, r)
-        if tot >= 0.0:
-            return False
-        if marking and tot - buf[r - 1] + xmax >= 0.0:
-            base = tot - buf[r - 1]
-            for i in range(p0, iend):
-                if base + xs[uint64(i)] >= 0.0:
-                    mk[uint64(i)] = 1.0
+        nv = 1.0  # (nv and dot: from the kept scalars, at step -1)
+        dot = 0.0
+        first = -1  # step -1: the first scan, with the kept direction as it stands
         nsteps = nwarm
     else:
         worst = np.inf
@@ -423,102 +407,104 @@ def _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
         dot = ny
         nu = 0
         j0 = 0.0
+        first = 0
         nsteps = nref
     nslot = 0
-    for step in range(nsteps):
-        vg = vy
-        yg = ny2
-        gg = ny2
-        for i in range(r):
-            zi = bidx[i]
-            z = L[zi]
-            vg += alpha * cst[zi] + h[zi]
-            yg += cst[zi]
-            gg += 2.0 * cst[zi]
-            for i2 in range(r):
-                gg += G[z, L[bidx[i2]]]
-        if not gg > 0.0:
-            break
-        eta = theta / ((j0 + step + 1.0) ** decay * np.sqrt(gg))
-        vv += 2.0 * eta * vg + eta * eta * gg
-        vy += eta * yg
-        alpha += eta
-        bz += eta * bs[t]
-        # h[p0:hv] += eta G[z, L[p0:hv]] for each key z of the completion, in bidx order. z's Gram
-        # row is kept compacted to these positions (gc[slot, :hv - p0]; gk[0, slot] = z,
-        # gk[1, slot] = how far it is filled; gk[2, i] = the slot of the completion's i-th key), so
-        # a later step of this test that meets z again adds a contiguous row instead of gathering
-        # G[z, L[i]] again; the rows of a step are added in one pass for up to four keys. The same
-        # additions in the same order, bit for bit. With every slot taken, a row is gathered as
-        # before. Written here, not in a function: a call counts references to its arrays (20 M
-        # calls on a hard row). Unsigned indices: no negative-index wrap, so the loops vectorise.
-        m = hv - p0
-        u0 = uint64(p0)
-        for i in range(r):
-            z = L[bidx[i]]
-            bz += eta * nrm[z]
-            if merge:  # one coefficient a key (the direction outlives the test: a new position's sum reads
-                # nu <= nz terms; a merged coefficient's rounding is at most its terms' count of eps, so the
-                # sums stay within the 2 (nz + 2) eps of err, nz counting every step length added)
-                jz = -1
-                for j in range(nu):
-                    if zs[j] == z:
-                        jz = j
-                        break
-                if jz < 0:
-                    zs[nu] = z
-                    zc[nu] = eta
-                    nu += 1
-                else:
-                    zc[jz] += eta
-            else:
-                zs[nz + i] = z
-                zc[nz + i] = eta
-            sl = -1
-            for j in range(nslot):
-                if gk[0, j] == z:
-                    sl = j
-                    break
-            if sl < 0 and nslot < ROW_SLOTS:
-                sl = nslot
-                nslot += 1
-                gk[0, sl] = z
-                gk[1, sl] = 0
-            gk[2, i] = sl
-            if sl >= 0:
-                for ii in range(gk[1, sl], m):
-                    gc[sl, uint64(ii)] = G[z, uint64(L[u0 + uint64(ii)])]
-                if m > gk[1, sl]:
-                    gk[1, sl] = m
-        i = 0
-        while i < r:
-            sa = gk[2, i]
-            if sa < 0:
+    for step in range(first, nsteps):
+        if step >= 0:  # (step -1, a warm start's first scan, takes no step before it)
+            vg = vy
+            yg = ny2
+            gg = ny2
+            for i in range(r):
+                zi = bidx[i]
+                z = L[zi]
+                vg += alpha * cst[zi] + h[zi]
+                yg += cst[zi]
+                gg += 2.0 * cst[zi]
+                for i2 in range(r):
+                    gg += G[z, L[bidx[i2]]]
+            if not gg > 0.0:
+                break
+            eta = theta / ((j0 + step + 1.0) ** decay * np.sqrt(gg))
+            vv += 2.0 * eta * vg + eta * eta * gg
+            vy += eta * yg
+            alpha += eta
+            bz += eta * bs[t]
+            # h[p0:hv] += eta G[z, L[p0:hv]] for each key z of the completion, in bidx order. z's Gram
+            # row is kept compacted to these positions (gc[slot, :hv - p0]; gk[0, slot] = z,
+            # gk[1, slot] = how far it is filled; gk[2, i] = the slot of the completion's i-th key), so
+            # a later step of this test that meets z again adds a contiguous row instead of gathering
+            # G[z, L[i]] again; the rows of a step are added in one pass for up to four keys. The same
+            # additions in the same order, bit for bit. With every slot taken, a row is gathered as
+            # before. Written here, not in a function: a call counts references to its arrays (20 M
+            # calls on a hard row). Unsigned indices: no negative-index wrap, so the loops vectorise.
+            m = hv - p0
+            u0 = uint64(p0)
+            for i in range(r):
                 z = L[bidx[i]]
-                for ii in range(p0, hv):
-                    h[ii] += eta * G[z, L[ii]]
-                i += 1
-            elif i + 3 < r and gk[2, i + 1] >= 0 and gk[2, i + 2] >= 0 and gk[2, i + 3] >= 0:
-                sb = gk[2, i + 1]
-                sc = gk[2, i + 2]
-                sd = gk[2, i + 3]
-                for ii in range(m):
-                    ui = uint64(ii)
-                    h[u0 + ui] = (((h[u0 + ui] + eta * gc[sa, ui]) + eta * gc[sb, ui]) + eta * gc[sc, ui]) \
-                        + eta * gc[sd, ui]
-                i += 4
-            elif i + 1 < r and gk[2, i + 1] >= 0:
-                sb = gk[2, i + 1]
-                for ii in range(m):
-                    ui = uint64(ii)
-                    h[u0 + ui] = (h[u0 + ui] + eta * gc[sa, ui]) + eta * gc[sb, ui]
-                i += 2
-            else:
-                for ii in range(m):
-                    ui = uint64(ii)
-                    h[u0 + ui] += eta * gc[sa, ui]
-                i += 1
-        nz += r
+                bz += eta * nrm[z]
+                if merge:  # one coefficient a key (the direction outlives the test: a new position's sum reads
+                    # nu <= nz terms; a merged coefficient's rounding is at most its terms' count of eps, so the
+                    # sums stay within the 2 (nz + 2) eps of err, nz counting every step length added)
+                    jz = -1
+                    for j in range(nu):
+                        if zs[j] == z:
+                            jz = j
+                            break
+                    if jz < 0:
+                        zs[nu] = z
+                        zc[nu] = eta
+                        nu += 1
+                    else:
+                        zc[jz] += eta
+                else:
+                    zs[nz + i] = z
+                    zc[nz + i] = eta
+                sl = -1
+                for j in range(nslot):
+                    if gk[0, j] == z:
+                        sl = j
+                        break
+                if sl < 0 and nslot < ROW_SLOTS:
+                    sl = nslot
+                    nslot += 1
+                    gk[0, sl] = z
+                    gk[1, sl] = 0
+                gk[2, i] = sl
+                if sl >= 0:
+                    for ii in range(gk[1, sl], m):
+                        gc[sl, uint64(ii)] = G[z, uint64(L[u0 + uint64(ii)])]
+                    if m > gk[1, sl]:
+                        gk[1, sl] = m
+            i = 0
+            while i < r:
+                sa = gk[2, i]
+                if sa < 0:
+                    z = L[bidx[i]]
+                    for ii in range(p0, hv):
+                        h[ii] += eta * G[z, L[ii]]
+                    i += 1
+                elif i + 3 < r and gk[2, i + 1] >= 0 and gk[2, i + 2] >= 0 and gk[2, i + 3] >= 0:
+                    sb = gk[2, i + 1]
+                    sc = gk[2, i + 2]
+                    sd = gk[2, i + 3]
+                    for ii in range(m):
+                        ui = uint64(ii)
+                        h[u0 + ui] = (((h[u0 + ui] + eta * gc[sa, ui]) + eta * gc[sb, ui]) + eta * gc[sc, ui]) \
+                            + eta * gc[sd, ui]
+                    i += 4
+                elif i + 1 < r and gk[2, i + 1] >= 0:
+                    sb = gk[2, i + 1]
+                    for ii in range(m):
+                        ui = uint64(ii)
+                        h[u0 + ui] = (h[u0 + ui] + eta * gc[sa, ui]) + eta * gc[sb, ui]
+                    i += 2
+                else:
+                    for ii in range(m):
+                        ui = uint64(ii)
+                        h[u0 + ui] += eta * gc[sa, ui]
+                    i += 1
+            nz += r
         kap2 = 4.0 * (d + nz + 2 * s + 8) * _EPS
         nv = np.sqrt(max(vv, 0.0) + kap2 * bz * bz)
         if not nv > 0.0:
