@@ -95,9 +95,10 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
     best = [E_best]. Returns after ``budget`` nodes. ``done`` is 1 when the search is complete, 2 when
     it backtracks to a level below ``floor`` (the subtree of its node at level ``floor - 1`` is
     complete, or the siblings it was given at level ``floor``: ``subtrees`` hands threads such parts;
-    0 = the whole search)."""
+    0 = the whole search). ``wh, wz, wc, wst``: each level's last direction (``SearchState.warm_arrays``),
+    which its next test starts from when ``nwarm > 0`` (``node_tests.search_steps``)."""
     N, d = A.shape
-    kt, buf, bidx, h, zs, zc, _, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, nref)
+    kt, buf, bidx, _, _, _, _, dirn, gc, gk = node_scratch(nrm, pw, wtop, s, nref)  # (h, zs, zc: wh, wz, wc)
     t = state[0]
     nodes = 0
     while nodes < budget:
@@ -107,8 +108,8 @@ def _search(A, pw, wtop, nrm, G, lo, hi, use_box, s, rel_tol, kappa, gamma, pos,
         lam = best[0] * (1.0 - rel_tol)
         r = s - t
         Lt = L[t]
-        ok = _node_lb_ok(t, Lt, p0, Ln[t], s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam,
-                         gamma, kt, wtop, buf, bidx, wh[t], wz[t], wc[t], nref, theta, decay, dirn, gc, gk, nwarm, wst[t])
+        ok = _node_lb_ok(t, Lt, p0, Ln[t], s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, lam, gamma, kt,
+                         wtop, buf, bidx, wh[t], wz[t], wc[t], nref, theta, decay, dirn, gc, gk, nwarm, wst[t])
         if ok and r == 1:
             # leaves: every last key in R
             n2T = 0.0
