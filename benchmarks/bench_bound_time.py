@@ -17,23 +17,25 @@ import sys
 import time
 
 
+def _comma_list(text: str, convert, what: str) -> list:
+    """A comma-separated option's values, each by ``convert``; argparse's one-line error otherwise."""
+    try:
+        return [convert(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of {what}: {text!r}") from None
+
+
 def _seconds(text: str) -> list:
     """``--bound-times``: comma-separated positive seconds."""
-    try:
-        out = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of seconds: {text!r}") from None
-    if not out or min(out) <= 0:
+    out = _comma_list(text, float, "seconds")
+    if min(out) <= 0:
         raise argparse.ArgumentTypeError(f"bound times must be > 0: {text!r}")
     return out
 
 
 def _row_ids(text: str) -> list:
     """``--rows``: comma-separated row_ids."""
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of row_ids: {text!r}") from None
+    return _comma_list(text, int, "row_ids")
 
 
 def main(argv=None) -> None:
