@@ -115,9 +115,9 @@ DIRN = 6  # the direction state a passing projection test leaves for _exclude (n
 SCAN_BLOCK = 64  # keys a step scan values in one vectorised pass before it inserts them (_step_scan)
 WARM_STEPS = 4  # the search's steps on long rows when a test starts from its level's last direction (warm start)
 WARM_RESTART = 4.0  # ... whose step lengths go on as from step WARM_RESTART + 1 (at most the steps done)
-# (dall4096 rows 23 / 49 from their optima, one thread, beside another run: cold 2.85 / 13.56 s, warm with 4 steps
-# 2.45 / 8.99 s; lengths going on from the steps done 2.71 / 9.71 (8 warm steps 3.48 / 14.79), from step 1
-# 2.41 / 9.71, 3; 2 warm steps 2.37 / 8.95; BENCHMARKS.md, issue 15)
+# (dall4096 rows 23 / 49 from their optima, one thread, beside another run: cold 2.85 / 13.56 s; 4 warm steps
+# from step 5 2.45 / 8.99 s, from step 1 2.41 / 9.71, from step 9 2.71 / 9.71, going on from the steps done
+# 2.69 / 13.57 (alone); 2 warm steps 2.37 / 8.95, 8 3.48 / 14.79; BENCHMARKS.md, issue 15)
 WARM_FIELDS = 9  # a level's kept direction: valid, alpha, vv, vy, bz, nz, keys, hv, steps done (warm_scratch)
 WARM_KEYS = 64  # a level's direction keeps at most WARM_KEYS * s keys (then a test starts cold)
 ROW_SLOTS = 64  # Gram rows a projection test keeps compacted to its candidate positions (node_scratch's gc)
