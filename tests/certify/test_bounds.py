@@ -205,24 +205,31 @@ def test_split_first_level_bounds_stay_below_brute_force(seed, n, d, peak, nodes
     assert rb >= root_bound(p, V, s, refine_work=0) and rb <= _ceil(opt, p, V, s)
 
 
-def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
-    """The refinement of a stopped search gets ``bnb.refine_relax_iters(N, relax_iters)`` relaxation
-    steps: ``relax_iters`` below ``LONG_ROWS`` keys, 0 from there on (LONG_ROWS forced down to 10 here,
-    so small rows take the long-row path); either way its bounds stay <= the brute-force optimum."""
+def test_long_rows_bound_without_the_relaxation_and_stay_proofs(monkeypatch):
+    """The bound of a stopped search (its first-level pass, its path nodes and the refinement) gets
+    ``bnb.bound_relax_iters(N, relax_iters)`` relaxation steps: ``relax_iters`` below ``LONG_ROWS`` keys, 0 from
+    there on (LONG_ROWS forced down to 10 here, so small rows take the long-row path); either way its bounds stay
+    <= the brute-force optimum."""
     import forcedweight.certify.solvers.bnb as bnb
     import forcedweight.certify.solvers.frontier as fr
     from forcedweight.certify.solvers import node_tests as nt
     from forcedweight.certify.solvers.bounds import RELAX_ITERS
 
-    assert bnb.refine_relax_iters(nt.LONG_ROWS - 1, 150) == 150 and bnb.refine_relax_iters(nt.LONG_ROWS, 150) == 0
+    assert bnb.bound_relax_iters(nt.LONG_ROWS - 1, 150) == 150 and bnb.bound_relax_iters(nt.LONG_ROWS, 150) == 0
     seen = []
-    real = fr._refine
 
-    def spy(*args):
-        seen.append(args[18])  # _refine's relax_iters
-        return real(*args)
+    def spy(name, at):
+        real = getattr(fr, name)
 
-    monkeypatch.setattr(fr, "_refine", spy)
+        def call(*args, **kwargs):
+            seen.append((name, args[at]))  # its relax_iters
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(fr, name, call)
+
+    spy("_refine", 18)
+    spy("_first_level_vals", 13)
+    spy("_open_frontier", 18)
     for long_from, expect in ((nt.LONG_ROWS, RELAX_ITERS), (10, 0)):
         monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # the refinement's rule and the search's steps
         stopped = 0
@@ -236,8 +243,9 @@ def test_long_rows_refine_without_the_relaxation_and_stay_proofs(monkeypatch):
             assert 0.0 <= root_bound(p, V, s) <= _ceil(opt, p, V, s)
             if not res.proved:
                 stopped += 1
-                assert seen == [expect]
-        assert stopped >= 4  # the refinement ran (searches stopped by the node limit)
+                assert {name for name, _ in seen} == {"_refine", "_first_level_vals", "_open_frontier"}
+                assert {relax for _, relax in seen} == {expect}
+        assert stopped >= 4  # the bound ran (searches stopped by the node limit)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -278,6 +286,69 @@ def test_refined_node_bound_is_below_the_brute_force_node_minimum(seed, n, d, pe
         # converged to the leaves: relative 1e-9, less the leaves' margin (absolute, so it shows on rows whose
         # best sets cancel to E ~ 1e-6 of their keys' norms)
         assert lb >= exact * (1 - 1e-9) - margin
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(6, 12), d=st.integers(1, 6),
+       peak=st.sampled_from([0.3, 1.0, 2.5]), other=st.sampled_from([0.0, 0.25, 1.0]), data=st.data())
+def test_a_peeled_node_of_bound_zero_is_partitioned_into_its_children_and_one_rest(seed, n, d, peak, other, data):
+    """One step of frontier._refine on a node of bound 0 whose full bound is taken (state 1): it is peeled into
+    the children T + {j}, k <= j < cut, and the rest (T, keys >= cut), bounded at the smallest bound above 0
+    in the frontier (another node here, at ``other`` times its own minimum; none when 0: then the rest is
+    refuted at the cap and dropped). Every set of the node with E below the cap lies in exactly one live node
+    it came from, every live node's bound is <= its sets' brute-force minimum, and a rest left live has the
+    bound above 0 it was tested at."""
+    import itertools
+
+    from forcedweight.certify.solvers import frontier
+
+    p, V = _pv(seed, n, d, peak)
+    s = data.draw(st.integers(2, min(5, n - 2)))
+    t = data.draw(st.integers(0, s - 2))  # t + 1 < s: a split into nodes, not leaves
+    k = data.draw(st.integers(t, n - (s - t) - 1))  # at least two children
+    A0 = op.centred_contributions(p, V)
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s)[:10]
+    T = list(range(t))
+
+    def E(S):
+        S = list(S)
+        return np.linalg.norm(A[S].sum(axis=0)) / pw[S].sum()
+
+    def sets_of(keys_fixed, kn):
+        r = s - len(keys_fixed)
+        return [tuple(keys_fixed) + rest for rest in itertools.combinations(range(kn, n), r)]
+
+    mine = sets_of(T, k)
+    exact = min(E(S) for S in mine)
+    top = 2.0 * exact if exact > 0 else 1.0
+    keys, tt, kn, val, state = frontier._frontier(n, s)
+    state[:] = -1  # (unused slots read as split nodes, so the live ones are the state >= 0)
+    keys[0, :t] = T
+    tt[0], kn[0], val[0], state[0] = t, k, 0.0, 1
+    m = 1
+    # another node (the last s keys' one set), bounded at a share of its value: the smallest bound above 0
+    last_set = tuple(range(n - s, n))
+    v_other = other * E(last_set)
+    if v_other > 0.0 and v_other < top:
+        tt[1], kn[1], val[1], state[1] = 0, n - s, v_other, 1
+        m = 2
+    stats = np.zeros(len(frontier.REFINE_STATS), np.int64)
+    frontier._refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, 30, 0,
+                     1.0, stats)  # a budget of 1 key-step: this one step
+    assert stats[9] == 1 and stats[1] == 1  # the node was peeled
+    live = [j for j in range(keys.shape[0]) if state[j] >= 0 and not (m == 2 and j == 1)]
+    members = {j: set(sets_of(list(keys[j, :tt[j]]), kn[j])) for j in live}
+    for S in mine:
+        holders = [j for j in live if S in members[j]]
+        if E(S) < top * (1 - 1e-9):
+            assert len(holders) == 1, (S, holders)
+        else:
+            assert len(holders) <= 1
+    assert all(set(members[j]) <= set(mine) for j in live)
+    for j in live:
+        assert val[j] <= min(E(S) for S in members[j]) * (1 + 1e-12) + 1e-300
+        if tt[j] == t:  # the rest (kept only below the cap: with another node's bound above 0)
+            assert m == 2 and val[j] == v_other > 0.0
 
 
 def test_refinement_stops_early_only_when_its_bound_would_stay_zero(monkeypatch):

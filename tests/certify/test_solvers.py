@@ -259,7 +259,7 @@ def test_bnb_on_peaked_rows_with_early_stopped_scans_and_long_row_steps(monkeypa
     from forcedweight.certify.solvers import node_tests as nt
 
     for long_from in (nt.LONG_ROWS, 10):
-        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # (node_tests.search_steps, bnb.refine_relax_iters)
+        monkeypatch.setattr(nt, "LONG_ROWS", long_from)  # (node_tests.search_steps, bnb.bound_relax_iters)
         for seed in range(4):
             p, V = synthetic_row(40, 3.0, seed, d=4)
             for s in (2, 3, 4):

@@ -205,7 +205,8 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         ``mu`` of the FULL row, the search is the exact optimum over that subset
         (``E(S) = ||sum_S a_i|| / p(S)``; ``V`` is then unused and ``value`` is computed from A).
     relax_iters : FISTA steps of the relaxation bound (``bounds.relax_bound``) on the open nodes
-        of a stopped search whose tests prove less (0 = off; only the bound changes, not the search).
+        of a stopped search whose tests prove less (0 = off; only the bound changes, not the search;
+        none on rows of ``node_tests.LONG_ROWS`` keys or more, ``bound_relax_iters``).
     refine_work : budget (key-steps) of the best-first refinement of the open frontier's bound
         (``frontier._refine``: the node with the smallest bound gets its full bound, then is split
         into its children; 0 = off; only the bound of a stopped search changes, not the search).
@@ -342,9 +343,10 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         if bound_time is None:
             bound_time = np.inf if node_limit is not None else max(BOUND_SHARE * time_limit, BOUND_MIN)
         deadline = time.perf_counter() + float(bound_time)
+        relax = bound_relax_iters(N, int(relax_iters))
         lb = float(open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
-                              bs, cs, best[0], gamma, BOUND_ITERS, int(relax_iters), float(refine_work), refine,
-                              refine_relax_iters(N, int(relax_iters)), int(tail_lps), deadline))
+                              bs, cs, best[0], gamma, BOUND_ITERS, relax, float(refine_work), refine,
+                              relax, int(tail_lps), deadline))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
@@ -391,20 +393,22 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
     e_top = _set_error(A_keys, p, top)
     if s == p.shape[0]:
         return e_top
-    return float(first_level_bound(*row.search_arrays, s, 0, e_top, row.gamma, BOUND_ITERS,
-                                   int(relax_iters), float(refine_work), np.zeros(len(REFINE_STATS), dtype=np.int64),
-                                   refine_relax_iters(p.shape[0], int(relax_iters))))
+    relax = bound_relax_iters(p.shape[0], int(relax_iters))
+    return float(first_level_bound(*row.search_arrays, s, 0, e_top, row.gamma, BOUND_ITERS, relax, float(refine_work),
+                                   np.zeros(len(REFINE_STATS), dtype=np.int64), relax))
 
 
-def refine_relax_iters(n_keys: int, relax_iters: int) -> int:
-    """The relaxation steps of the bound refinement (``frontier._refine``) on a row of ``n_keys`` keys:
-    ``relax_iters`` below ``node_tests.LONG_ROWS`` keys (the long rows of ``search_steps`` too), 0 (split and
-    test only) from there on.
+def bound_relax_iters(n_keys: int, relax_iters: int) -> int:
+    """The relaxation steps of a stopped search's bound (``frontier.open_bound``: the first-level pass, the path
+    nodes and the refinement; ``root_bound`` alike) on a row of ``n_keys`` keys: ``relax_iters`` below
+    ``node_tests.LONG_ROWS`` keys (the long rows of ``search_steps`` too), 0 (tests and splits only) from there on.
 
     A relaxation step costs O((N - k) d) key-steps, so on long rows the default budget bought 1-4 relaxed
     nodes and no split, leaving the bound where the first-level pass had it; without the relaxation the same
     budget splits 10-140 nodes (tests with early-stopped scans). On 18 open rows of N ~ 3,400-7,750
-    (BENCHMARKS.md, issue 15) the bound rose on 8 and fell on none. Below LONG_ROWS the relaxation is kept
+    (BENCHMARKS.md, issue 15) the bound rose on 8 and fell on none. In the first-level pass the quick
+    relaxation took two thirds of the pass (two N ~ 3,400-4,000 rows: 9.4 s against 3.2 s and 2.0 s against 0.9 s)
+    and left the same first-level nodes at 0, so it is off there too. Below LONG_ROWS the relaxation is kept
     (on layer-0 rows of N ~ 230 the bound fell without it).
     """
     return int(relax_iters) if n_keys < node_tests.LONG_ROWS else 0

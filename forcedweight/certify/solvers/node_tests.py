@@ -653,6 +653,8 @@ def _node_value(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box,
     before the bisection.
     ``zs``/``zc`` must hold ``RESCUE_STEPS * s`` entries then (``node_scratch(..., RESCUE_STEPS)``).
     """
+    if not top > 0.0:  # (a cap at 0: nothing to prove; the tests would only confirm E >= 0)
+        return 0.0
     if not _node_lb_ok(t, L, p0, ln, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi, use_box, top, gamma, kt,
                        wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY, dirn, gc, gk):
         return top
