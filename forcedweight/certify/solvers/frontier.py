@@ -17,10 +17,11 @@ keys finds the first ``cut`` whose rest (T, keys >= cut) the test refutes at the
 0 in the frontier; only the children ``T + {j}``, j < cut, are made (tested at the running minimum, not
 first at the incumbent), and the rest stays one node at that bound (dropped when the bound is the
 incumbent). On four N ~ 4,000 rows the cut came after a median 12-19 % of a zero node's keys (at most
-30 %), the same with targets 1,000x lower, so such a split costs about a seventh of a full one. Every step keeps the frontier a cover of the open sets,
-so its minimum stays a proof whatever the budget. The minimum can rise above 0 only once every node
-of bound 0 has been processed, so the refinement stops as soon as the budget left cannot pay for that
-(``_least_work``): the result is the whole budget's (0), without spending it. Among nodes of bound 0 it
+30 %), the same with targets 1,000x lower, so such a split costs about a seventh of a full one.
+Every step keeps the frontier a cover of the open sets, so its minimum stays a proof whatever the
+budget. The minimum can rise above 0 only once every node of bound 0 has been processed, so the
+refinement stops as soon as the budget left cannot pay for that (``_least_work``): the result is the
+whole budget's (0), without spending it. Among nodes of bound 0 it
 gives full bounds before it splits (a full bound is cheap, a split dear), which shows that sooner.
 Costs are counted in key-steps (``N - k`` for one test over the keys of a node, ``2 d (N - k)`` for one
 FISTA step), so a run is deterministic. On rows
