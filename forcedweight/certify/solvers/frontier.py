@@ -257,6 +257,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
         cur = top
         last = N - (s - t)  # the last child's key
         cut = last + 1  # children T + {j}, k <= j < cut; the rest (T, keys >= cut) stays one node
+        peeled = False  # (a rest was cut off: the children skip the test at top)
         if t + 1 < s and not parent > 0.0 and last > k:
             # peel: the smallest cut whose rest is refuted at the smallest bound above 0 (bisection; b is
             # always refuted or past the last key, so the rest's bound holds whatever the tests' order)
@@ -271,8 +272,9 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
                 else:
                     b = mid
             cut = b
+            peeled = cut <= last
             stats[9] += 1
-            if cut <= last and pos_min < top:
+            if peeled and pos_min < top:
                 keys[m, :t] = keys[i, :t]
                 tt[m] = t
                 kn[m] = cut
@@ -302,7 +304,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
             stats[2] += 1
             # dropped when proved at top (one test; a peeled node's children skip it: their first test is at the
             # running minimum, and one proved there is kept at it); otherwise bounded, capped at the running minimum
-            if cut > last and not _node_lb_ok(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi,
+            if not peeled and not _node_lb_ok(t + 1, keys_all, j + 1, N, s, A, pw, nrm, G, ys, ws, bs, cs, lo, hi,
                                               use_box, top, gamma, kt, wtop, buf, bidx, h, zs, zc, NREF, THETA, DECAY,
                                               dirn, gc, gk):
                 continue
