@@ -253,3 +253,10 @@ def test_tasks_options_are_checked_before_the_model_loads(monkeypatch, capsys, t
         code, err = cli(monkeypatch, capsys, ["tasks", "--kinds", "vt", *opts, "--out", tmp_path / "t.jsonl"])
         one_error(code, err, word)
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_certify_refuses_a_negative_bound_time(monkeypatch, capsys, rows_file, tmp_path):
+    code, err = cli(monkeypatch, capsys, ["certify", rows_file, "--s", 3, "--out", tmp_path / "o.parquet",
+                                          "--bound-time", -1, "--no-progress"])
+    one_error(code, err, "--bound-time")
+    assert not (tmp_path / "o.parquet").exists()

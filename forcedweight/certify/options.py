@@ -1,7 +1,7 @@
 """The settings of a certification (``CertifyOptions``) and the registry of exact solvers.
 
 ``SOLVERS`` maps each ``--solver`` name to a function
-``solve(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK) -> (SolverResult, note)``, where ``note`` says when the
+``solve(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK, bound_time=None) -> (SolverResult, note)``, where ``note`` says when the
 solver fell back to another one (recorded as ``reason``), else None. ``"none"`` maps to None
 (no solver runs). Adding a solver: write ``solvers/<name>.py`` returning a ``SolverResult`` and
 register a wrapper here.
@@ -28,10 +28,11 @@ from forcedweight.errors import InputError
 SolveFn = Callable[..., "tuple[SolverResult, str | None]"]
 
 
-def _bound_effort(refine_work):
+def _bound_effort(refine_work, bound_time=None):
     """bnb's options for the bound of a stopped search: ``refine_work = 0`` turns off all work on it
-    (the refinement and the LP directions), for callers that use only the best set."""
-    return {"refine_work": refine_work, "tail_lps": TAIL_LPS if refine_work > 0 else 0}
+    (the refinement and the LP directions), for callers that use only the best set; ``bound_time``
+    (seconds, None = bnb's default) is its deadline."""
+    return {"refine_work": refine_work, "tail_lps": TAIL_LPS if refine_work > 0 else 0, "bound_time": bound_time}
 
 
 def _threads() -> int:
@@ -52,22 +53,22 @@ def in_unit_scale(solve, p, V, *args, **kwargs):
     return solve(p, np.ldexp(np.asarray(V, dtype=np.float64), -k), *args, **kwargs).in_units(k)
 
 
-def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
+def _bnb(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK, bound_time=None):
     return in_unit_scale(solve_bnb, p, V, s, incumbent=incumbent, time_limit=time_limit, node_limit=node_limit,
-                         threads=_threads(), **_bound_effort(refine_work)), None
+                         threads=_threads(), **_bound_effort(refine_work, bound_time)), None
 
 
-def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
+def _auto(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK, bound_time=None):
     """mitm on uniform-mass 1-D integer rows (bnb with the time left when it gives up), else bnb."""
     if not mitm.matches(p, V):
-        return _bnb(p, V, s, incumbent, time_limit, node_limit, refine_work)
+        return _bnb(p, V, s, incumbent, time_limit, node_limit, refine_work, bound_time)
     res = mitm.solve_mitm(p, V, s, time_limit=time_limit)
     left = time_limit - res.seconds
     if res.proved or left <= 0:
         return res, None
     # out of meet-in-the-middle's reach (N too large): the general solver, remaining time
     note = f"mitm gave up ({res.info.get('reason', 'no proof')}); used bnb"
-    return _bnb(p, V, s, incumbent, left, node_limit, refine_work)[0], note
+    return _bnb(p, V, s, incumbent, left, node_limit, refine_work, bound_time)[0], note
 
 
 def _resolution_note(res) -> str | None:
@@ -77,12 +78,12 @@ def _resolution_note(res) -> str | None:
     return None
 
 
-def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
+def _scip(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK, bound_time=None):
     res = in_unit_scale(scip.solve_scip, p, V, s, incumbent=incumbent, time_limit=time_limit)
     return res, _resolution_note(res)
 
 
-def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK):
+def _cpsat(p, V, s, incumbent, time_limit, node_limit=None, refine_work=REFINE_WORK, bound_time=None):
     """CP-SAT on integral rows; scip (with a note) on the others."""
     try:
         return cpsat.solve_cpsat(p, V, s, incumbent=incumbent, time_limit=time_limit), None
@@ -97,16 +98,18 @@ SOLVERS: dict[str, SolveFn | None] = {"auto": _auto, "bnb": _bnb, "scip": _scip,
 
 
 def run_solver(name: str, p: np.ndarray, V: np.ndarray, s: int, incumbent: np.ndarray, time_limit: float,
-               node_limit: int | None = None, refine_work: float = REFINE_WORK):
+               node_limit: int | None = None, refine_work: float = REFINE_WORK,
+               bound_time: float | None = None):
     """Run the solver registered as ``name``; returns ``(SolverResult, note)`` (note: a fallback, or None).
 
     ``node_limit`` caps bnb's search nodes (scip and cpsat run on time alone; mitm is exact or gives up
-    deterministically); ``refine_work`` is bnb's budget for refining a stopped search's lower bound.
+    deterministically); ``refine_work`` is bnb's budget for refining a stopped search's lower bound and
+    ``bound_time`` that bound's deadline in seconds after the search stops (None: bnb's default).
     """
     solve = SOLVERS.get(name)
     if solve is None:
         raise ValueError(f"unknown solver {name!r}")
-    return solve(p, V, s, incumbent, time_limit, node_limit, refine_work)
+    return solve(p, V, s, incumbent, time_limit, node_limit, refine_work, bound_time)
 
 
 #: the largest --time-limit accepted (seconds; about 31 years)
@@ -138,6 +141,10 @@ class CertifyOptions:
         lower bound of a search stopped by its time or node limit (``--refine-work``; bnb only, 0 = the
         frontier bound without refinement). It runs after the limit, so it adds to ``seconds``: the
         default (5e8) is about 1 s per open row at N = 256-1024 on one core, 2e9 about 6-7 s.
+    bound_time : seconds that bound may take after a search stopped by its time limit (``--bound-time``;
+        bnb only; None = ``max(bnb.BOUND_SHARE * time_limit, bnb.BOUND_MIN)``, and no deadline with
+        ``node_limit``, so node-limited runs stay deterministic). The refinement stops at whichever of
+        ``refine_work`` and ``bound_time`` comes first: raise both to buy higher bounds for open rows.
     max_memory : bytes one (row, s) may ask of the solver (``--max-memory``; None = half the
         machine's RAM, ``default_max_memory``). A row whose estimate (``solver_memory``: bnb's dense
         N x N Gram matrix) is above it is refused with its reason: an error, or ``status=invalid``
@@ -154,6 +161,7 @@ class CertifyOptions:
     node_limit: int | None = None
     pool_node_limit: int = POOL_NODE_LIMIT
     refine_work: float = REFINE_WORK
+    bound_time: float | None = None
     max_memory: int | None = None
 
     def __post_init__(self):
@@ -175,6 +183,8 @@ class CertifyOptions:
             raise InputError(f"--node-limit must be >= 1, got {self.node_limit}")
         if not (self.refine_work >= 0 and math.isfinite(self.refine_work)):
             raise InputError(f"--refine-work must be a finite number >= 0, got {self.refine_work}")
+        if self.bound_time is not None and not (self.bound_time >= 0 and math.isfinite(self.bound_time)):
+            raise InputError(f"--bound-time must be a finite number of seconds >= 0, got {self.bound_time}")
         if self.pool_node_limit < 0:
             raise InputError(f"pool_node_limit must be >= 0, got {self.pool_node_limit}")
         if self.balance_candidates not in ("all", "pool"):

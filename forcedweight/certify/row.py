@@ -121,7 +121,7 @@ def _prove(view: RowView, s: int, options: CertifyOptions, pool: np.ndarray, kno
     if options.solver == "none":
         return _Proof("unsolved", False, "none", 0.0)
     res, reason = run_solver(options.solver, view.p, view.V, s, known.best_set, options.time_limit,
-                             options.node_limit, options.refine_work)
+                             options.node_limit, options.refine_work, options.bound_time)
     sol_set = op.as_index(res.best_set, n)
     if sol_set.size != s:
         raise RuntimeError(f"row {view.row_id}: solver {res.solver} returned {sol_set.size} keys, not s={s}")

@@ -18,7 +18,8 @@ def certify(
     solver: str = typer.Option("auto", "--solver", help="auto (mitm on integral 1-D rows, else bnb), bnb, scip, cpsat or none."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="Solver seconds per (row, s)."),
     node_limit: Optional[int] = typer.Option(None, "--node-limit", help="Cap on bnb search nodes per (row, s): statuses and bounds reproducible on any machine (with a --time-limit not reached first)."),
-    refine_work: float = typer.Option(5e8, "--refine-work", help="Budget (key-steps, deterministic) for refining the lower bound of a row the search left open; runs after the limit (about 1 s per open row at N ~ 1,000 at the default, 6-7 s at 2e9; at N ~ 4,096 an open row takes 15-35 s in all at a 10 s limit); 0 = off."),
+    refine_work: float = typer.Option(5e8, "--refine-work", help="Budget (key-steps, deterministic) for refining the lower bound of a row the search left open; runs after the limit, up to --bound-time (about 1 s per open row at N ~ 1,000 at the default, 6-7 s at 2e9); 0 = off."),
+    bound_time: Optional[float] = typer.Option(None, "--bound-time", help="Seconds the lower bound of a row left open by --time-limit may take after it (default: a fifth of the limit, at least 2 s; none with --node-limit). Raise it with --refine-work for higher bounds on open rows."),
     workers: int = typer.Option(1, "--workers", help="Local worker processes."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Record bad rows as status=invalid instead of stopping."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler address (runs the shards there)."),
@@ -36,7 +37,7 @@ def certify(
 
     options = CertifyOptions(pool_mass=pool_mass, pool_error=pool_error, solver=solver,
                              time_limit=time_limit, seed=seed, max_subsets=max_subsets, node_limit=node_limit,
-                             refine_work=refine_work, max_memory=parse_memory(max_memory))
+                             refine_work=refine_work, bound_time=bound_time, max_memory=parse_memory(max_memory))
     path = certify_file(rows, out, s, options, workers=workers, scheduler=scheduler,
                         skip_invalid=skip_invalid, progress=progress, chunk_rows=chunk_rows,
                         allow_incomplete=allow_incomplete, force=force)

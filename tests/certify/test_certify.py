@@ -366,7 +366,7 @@ def test_a_proof_contradicted_by_a_better_known_set_is_discarded(monkeypatch):
     p, V = _pv(31, 20, 3)
     worst = np.argsort(p)[:4]  # the 4 lightest keys: far worse than top-mass
 
-    def lying_solver(name, p_, V_, s, incumbent, time_limit, node_limit=None, refine_work=None):
+    def lying_solver(name, p_, V_, s, incumbent, time_limit, node_limit=None, refine_work=None, bound_time=None):
         e = op.forced_error(p_, V_, worst)
         return SolverResult(e, np.sort(worst), e, True, "bnb", 0.0, 0.0), None
 

@@ -64,3 +64,29 @@ def test_scip_below_its_resolution_says_so():
         assert res.solver == "scip" and not res.proved and "below SCIP's numerical resolution" in note
     res, note = run_solver("bnb", p, V, 5, op.top_mass_set(p, 5), 20.0)
     assert res.proved and note is None and res.value == pytest.approx(ref, rel=2e-9)
+
+
+def test_bound_time_reaches_bnb_from_the_options_and_bad_values_are_refused(monkeypatch):
+    """``CertifyOptions(bound_time=)`` (``--bound-time``) is the deadline of a stopped search's bound:
+    certify_row hands it through the registry to bnb, whose info records it; None keeps bnb's default
+    (no deadline with a node limit); a negative, infinite or NaN value is refused naming the option."""
+    import forcedweight.certify.options as opt
+    from forcedweight.certify.row import certify_row
+    from forcedweight.rows import Row
+
+    seen = []
+    real = opt.solve_bnb
+    monkeypatch.setattr(opt, "solve_bnb", lambda *a, **k: seen.append(k) or real(*a, **k))
+    p, V = _peaked(60, 9)
+    for bound_time in (0.25, None):
+        seen.clear()
+        certify_row(Row(0, p, V, {}), 5, CertifyOptions(pool_mass=1, pool_error=1, solver="bnb", node_limit=2,
+                                                        bound_time=bound_time))
+        assert [k["bound_time"] for k in seen] == [bound_time]
+    res, _ = run_solver("bnb", p, V, 5, op.top_mass_set(p, 5), 60.0, node_limit=2, bound_time=0.0)
+    assert not res.proved and res.info["bound_time"] == 0.0
+    res, _ = run_solver("bnb", p, V, 5, op.top_mass_set(p, 5), 60.0, node_limit=2)
+    assert res.info["bound_time"] == np.inf
+    for bad in (-1.0, np.inf, np.nan):
+        with pytest.raises(InputError, match="--bound-time"):
+            CertifyOptions(bound_time=bad)
