@@ -369,12 +369,12 @@ def test_refinement_stops_early_only_when_its_bound_would_stay_zero(monkeypatch)
         for budget in (3e4, 3e5):
             args = (A, pw, wtop, nrm, G, lo, hi, use_box, s, 0, top, gamma, 30, 0, budget)
             stop = np.zeros(len(fr.REFINE_STATS), np.int64)
-            v = fr.first_level_bound(*args, stop, 0)
+            v = fr.first_level_bound(*args, stop)
             with monkeypatch.context() as mp:
                 mp.setattr(fr, "_refine", compiled_refine.py_func)
                 mp.setattr(fr, "_least_work", lambda *a: 0.0)
                 full = np.zeros(len(fr.REFINE_STATS), np.int64)
-                v_full = fr.first_level_bound.py_func(*args, full, 0)
+                v_full = fr.first_level_bound.py_func(*args, full)
             assert v == v_full and full[7] == 0
             assert stop[4] <= full[4]  # key-steps spent
             fired += int(stop[7])

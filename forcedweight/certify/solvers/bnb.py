@@ -346,7 +346,7 @@ def solve_bnb(p, V, s: int, incumbent=None, time_limit: float = 10.0,
         relax = bound_relax_iters(N, int(relax_iters))
         lb = float(open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws,
                               bs, cs, best[0], gamma, BOUND_ITERS, relax, float(refine_work), refine,
-                              relax, int(tail_lps), deadline))
+                              int(tail_lps), deadline))
         lb = min(max(lb, 0.0), value)
     info = {"nodes": int(state[2]), "refine": None if proved else dict(zip(REFINE_STATS, refine.tolist())), "leaf_evals": int(state[3]), "box_bound": bool(use_box),
             "polished": bool(e_inc < e_start), "level_nodes": state[4:].tolist(),
@@ -395,7 +395,7 @@ def root_bound(p, V, s: int, A=None, relax_iters: int = RELAX_ITERS, refine_work
         return e_top
     relax = bound_relax_iters(p.shape[0], int(relax_iters))
     return float(first_level_bound(*row.search_arrays, s, 0, e_top, row.gamma, BOUND_ITERS, relax, float(refine_work),
-                                   np.zeros(len(REFINE_STATS), dtype=np.int64), relax))
+                                   np.zeros(len(REFINE_STATS), dtype=np.int64)))
 
 
 def bound_relax_iters(n_keys: int, relax_iters: int) -> int:

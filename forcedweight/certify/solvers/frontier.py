@@ -388,10 +388,10 @@ def _add_first_level(vals, fstate, k_from, top, keys, tt, kn, val, state, m):
 
 @njit(cache=True)
 def first_level_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamma, iters, relax_iters,
-                      budget, stats, refine_relax):
+                      budget, stats):
     """A proved bound (in [0, top]) over every set whose first key (rank in the search order) is >= k_from:
     the first-level nodes' bounds (relaxation ``relax_iters``), then ``budget`` key-steps of refinement
-    (0 = none; relaxation ``refine_relax``, see ``open_bound``)."""
+    (0 = none; the same relaxation steps, see ``open_bound``)."""
     N = A.shape[0]
     vals = np.full(N, np.inf)
     fstate = np.zeros(N, np.int64)
@@ -405,7 +405,7 @@ def first_level_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, k_from, top, gamm
             out = min(out, val[j])
         return max(out, 0.0)
     return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, top, gamma, iters,
-                   refine_relax, budget, stats)
+                   relax_iters, budget, stats)
 
 
 @njit(cache=True)
@@ -460,7 +460,7 @@ def _open_frontier(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, 
 
 
 def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, cs, best, gamma, iters,
-               relax_iters, budget, stats, refine_relax, tail_lps=TAIL_LPS, deadline=np.inf):
+               relax_iters, budget, stats, tail_lps=TAIL_LPS, deadline=np.inf):
     """Proved lower bound on E over the unexplored part of a stopped search (in [0, best]).
 
     The first-level pass runs from the last key of the search order down; when a node's bound falls below
@@ -473,9 +473,9 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
     none), and the pass goes on below the tail, moving the tail's start down again at the next
     such node (no LP on rows of ``LONG_ROWS`` keys or more: there the nodes' rescue tests, ``_node_value``,
     bound them in a fraction of an LP's time). Then the open frontier
-    (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``), whose
-    relaxation steps are ``refine_relax`` (0 = its nodes are only split and tested;
-    ``bnb.bound_relax_iters`` gives 0 on long rows, ``relax_iters`` below).
+    (``_open_frontier``) and ``budget`` key-steps of best-first refinement (``_refine``). ``relax_iters`` is
+    the relaxation steps of all of it, the pass, the path nodes and the refinement (0 = nodes are only tested
+    and split; ``bnb.bound_relax_iters`` gives 0 on long rows).
 
     ``deadline`` (``time.perf_counter`` seconds; ``inf`` = none, the deterministic bound) ends the optional
     work where it stands: no LP, no full relaxation of a path node and no refinement step is started after
@@ -544,7 +544,7 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
         live = val[:m][state[:m] >= 0]
         return max(min(float(best), float(live.min()) if live.size else np.inf), 0.0)
     return _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m, best, gamma, iters,
-                   int(refine_relax), budget, stats, deadline)
+                   int(relax_iters), budget, stats, deadline)
 
 
 __all__ = ["first_level_bound", "open_bound", "REFINE_STATS", "REFINE_WORK"]
