@@ -351,6 +351,47 @@ def test_a_peeled_node_of_bound_zero_is_partitioned_into_its_children_and_one_re
             assert m == 2 and val[j] == v_other > 0.0
 
 
+def test_a_child_left_at_zero_is_final_and_caps_none_of_its_siblings(monkeypatch):
+    """In a peel, a child whose tests prove nothing at a cap above 0 keeps its bound 0 as a full bound (state 1:
+    a full bound at the incumbent would run the same ladder again; without relaxation steps) and does not lower
+    the cap of the children after it: they are tested at the smallest bound above 0 among their siblings, as the
+    first-level pass does (before, a child at 0 set every later sibling's cap, and so its bound, to 0). The
+    children's bounds come from a scripted ``_node_value`` (the refinement's pure-Python form reads it from the
+    module), the peel's bisection from the real tests."""
+    from forcedweight.certify.solvers import frontier as fr
+
+    p, V = _pv(11, 14, 2, 1.0)
+    s, t = 4, 1
+    A0 = op.centred_contributions(p, V)
+    A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(A0, p, s)[:10]
+    top = 1.0
+    caps = []
+
+    def scripted(*args):
+        caps.append(args[16])  # the cap (``top`` of _node_value)
+        return 0.0 if len(caps) == 1 else 0.5 * args[16]  # the first child proves nothing, the others half their cap
+
+    for relax_iters, final in ((0, 1), (5, 0)):  # (with relaxation steps the full bound would add them: not final)
+        caps.clear()
+        keys, tt, kn, val, state = fr._frontier(14, s)
+        state[:] = -1
+        keys[0, :t] = [0]
+        tt[0], kn[0], val[0], state[0] = t, 1, 0.0, 1
+        stats = np.zeros(len(fr.REFINE_STATS), np.int64)
+        with monkeypatch.context() as mp:
+            mp.setattr(fr, "_node_value", scripted)
+            mp.setattr(fr, "relax_bound", lambda *a: 0.0)
+            fr._refine.py_func(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, 1, top, gamma, 30,
+                               relax_iters, 1.0, stats)
+        assert stats[9] == 1 and len(caps) >= 3  # peeled, into at least three children
+        assert caps[:3] == [top, top, 0.5 * top]  # the zero child capped nobody; then the running minimum
+        assert all(c > 0.0 for c in caps)
+        children = [j for j in range(1, keys.shape[0]) if state[j] >= 0 and tt[j] == t + 1]
+        first = max(children, key=lambda j: kn[j])  # made first: the largest key
+        assert val[first] == 0.0 and state[first] == final
+        assert all(val[j] > 0.0 and state[j] == 0 for j in children if j != first)
+
+
 def test_refinement_stops_early_only_when_its_bound_would_stay_zero(monkeypatch):
     """_refine stops once the budget left cannot process every frontier node of bound 0
     (``frontier._least_work``); the bound is then the one of the whole budget. Checked against the
