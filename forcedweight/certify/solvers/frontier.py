@@ -18,8 +18,9 @@ keys finds the first ``cut`` whose rest (T, keys >= cut) the test refutes at the
 first at the incumbent), and the rest stays one node at that bound (dropped when the bound is the
 incumbent). A child its tests leave at 0 caps none of its siblings (the running minimum is over bounds
 above 0, as in the first-level pass), and without relaxation steps it is final (state 1): its full bound
-at the incumbent would run the same bisection and rescue tests again. On four N ~ 4,000 rows the cut came after a median 12-19 % of a zero node's keys (at most
-30 %), the same with targets 1,000x lower, so such a split costs about a seventh of a full one.
+at the incumbent would run the same bisection and rescue tests again. On four N ~ 4,000 rows the cut
+came after a median 12-19 % of a zero node's keys (at most 30 %), the same with targets 1,000x lower, so
+such a split costs about a seventh of a full one.
 Every step keeps the frontier a cover of the open sets, so its minimum stays a proof whatever the
 budget. The minimum can rise above 0 only once every node of bound 0 has been processed, so the
 refinement stops as soon as the budget left cannot pay for that (``_least_work``): the result is the
