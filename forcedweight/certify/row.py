@@ -49,6 +49,23 @@ from forcedweight.selectors import (
 
 #: relative slack under which two errors count as equal (float64 round-off of E on d <= 4096)
 REL_EQUAL = 1e-9
+#: smallest positive weight, relative to the largest, that the exact search takes: the enumeration and the branch
+#: and bound sum squares of contributions ``p_i (v_i - mu)`` (Gram entries), and below ~1e-154 of the largest
+#: those underflow, so a set of such light keys passed for E = 0 and wrong sets were proved optimal (rows of
+#: 8-13 keys with weights 1e-300..1e-150 of the others; float32 softmax weights stop at ~1e-45)
+MASS_SPAN = 1e-100
+
+
+def mass_span_problem(p: np.ndarray) -> str | None:
+    """Why the row's weights (N,) are out of the exact search's range (``MASS_SPAN``), else None."""
+    pos = p[p > 0]
+    if pos.size == 0:  # (all-zero weights are refused by the row contract)
+        return None
+    lo, hi = float(pos.min()), float(pos.max())
+    if lo >= MASS_SPAN * hi:
+        return None
+    return (f"weights span more than 1e100 (smallest positive {lo:.3g}, largest {hi:.3g}): the exact search's sums "
+            f"of squares would underflow; certify takes rows whose positive weights are within 1e-100 of the largest")
 
 
 @dataclass
@@ -181,6 +198,9 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     memory = options.memory_problem(row.n_keys, V.shape[1]) if needs_solver(row.n_keys, s, options) else None
     if memory is not None:  # refused before any N x N allocation
         raise RowError(row.row_id, memory)
+    span = mass_span_problem(p)
+    if span is not None:
+        raise RowError(row.row_id, span)
     A = op.centred_contributions(p, V)
 
     def err(S) -> float:
@@ -207,4 +227,4 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     )
 
 
-__all__ = ["REL_EQUAL", "RowError", "certify_row"]
+__all__ = ["MASS_SPAN", "REL_EQUAL", "RowError", "certify_row", "mass_span_problem"]

@@ -457,3 +457,46 @@ def test_free_geometry_column_is_the_selectors_forced_error(tmp_path):
         # the same float64 operator on the same set: relative 1e-12
         assert r["es_free_geometry"] == pytest.approx(op.forced_error(p, V, S), rel=1e-12)
         assert r["es_free_geometry"] >= r["es_best"] * (1 - 1e-9)  # never below the certified optimum
+
+
+def _wide(seed, decades):
+    """A row of 11 keys whose first ``light`` weights are 10**-decades (in a range) of the others."""
+    rng = np.random.default_rng(seed)
+    n = 11
+    p = np.exp(rng.normal(size=n))
+    light = rng.integers(2, n - 3)
+    p[:light] *= 10.0 ** rng.uniform(-decades[1], -decades[0], size=light)
+    p = p[rng.permutation(n)]
+    return p / p.sum(), rng.normal(size=(n, 1))
+
+
+def test_weights_beyond_the_exact_search_range_are_refused_naming_the_row(tmp_path):
+    """Weights 1e-300..1e-150 of the largest: the enumeration and bnb sum squares that underflow, and proved
+    wrong sets optimal (1-D rows: 3 of 200 for bnb, 7 of 300 for the enumeration). Such a row is refused with
+    its reason (an error naming row and file, or status=invalid with skip_invalid); a row whose weights span
+    1e-90..1e-60 is certified and its proof holds against E of every subset."""
+    from itertools import combinations
+
+    from forcedweight.certify.row import MASS_SPAN
+
+    p, V = _wide(46, (150, 300))
+    assert p[p > 0].min() < MASS_SPAN * p.max()
+    with pytest.raises(errors.RowError, match="weights span more than 1e100"):
+        certify_row(rows.Row(7, p, V, {}), 2, CertifyOptions())
+    src = _write(tmp_path / "wide.parquet", [dict(weights=p, values=V.ravel(), value_dim=1), _rec(1, 12)])
+    with pytest.raises(errors.RowError, match="weights span") as exc:
+        certify_file(src, tmp_path / "out.parquet", [2], CertifyOptions(), progress=False)
+    assert "wide.parquet" in str(exc.value) and not (tmp_path / "out.parquet").exists()
+    out = certify_file(src, tmp_path / "out2.parquet", [2], CertifyOptions(), skip_invalid=True, progress=False)
+    got = pq.read_table(out).to_pydict()
+    assert got["status"] == ["invalid", "optimal"] and "weights span" in got["reason"][0]
+    for seed in range(6):
+        p, V = _wide(seed, (60, 90))
+        for s in (2, 3):
+            loop = min(op.forced_error(p, V, np.array(c)) for c in combinations(range(p.size), s))
+            # the enumeration (the pool covers the row), then bnb (a pool of s + 2 keys)
+            for opts in (CertifyOptions(solver="bnb"), CertifyOptions(solver="bnb", pool_mass=1, pool_error=1)):
+                rec = certify_row(rows.Row(seed, p, V, {}), s, opts)
+                # (a proof within bnb's 1e-9; E's own float64 noise near 0: 1e-15)
+                assert rec["proved"] and rec["es_best"] <= loop * (1 + 1e-9) + 1e-15
+                _check_record(rec, p, V, s)
