@@ -64,8 +64,10 @@ def mass_span_problem(p: np.ndarray) -> str | None:
     lo, hi = float(pos.min()), float(pos.max())
     if lo >= MASS_SPAN * hi:
         return None
-    return (f"weights span more than 1e100 (smallest positive {lo:.3g}, largest {hi:.3g}): the exact search's sums "
-            f"of squares would underflow; certify takes rows whose positive weights are within 1e-100 of the largest")
+    span = f"{1 / MASS_SPAN:.0e}".replace("e+", "e")  # (1e100: the message read from the constant)
+    return (f"weights span more than {span} (smallest positive {lo:.3g}, largest {hi:.3g}): the exact search's "
+            f"sums of squares would underflow; certify takes rows whose positive weights are within "
+            f"{MASS_SPAN:.0e} of the largest")
 
 
 @dataclass
