@@ -50,7 +50,7 @@ from forcedweight import rows
 from forcedweight import __version__
 from forcedweight.certify.options import CertifyOptions
 from forcedweight.certify.record import invalid_record, output_schema, records_to_table
-from forcedweight.certify.row import certify_row, needs_solver
+from forcedweight.certify.row import MASS_SPAN, certify_row, mass_span_problem, needs_solver
 from forcedweight.certify.warmup import warm_up
 from forcedweight.errors import InputError, RowError
 from forcedweight.rows import InvalidRow, check_columns, keys_query_problem
@@ -85,7 +85,9 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     """Validate one batch of rows and budgets; yields ``(row_id, s or None, reason)`` per bad one.
 
     Vectorised over the Arrow offsets; a row flagged here is re-checked by
-    ``rows.validate_row`` so that the message is the contract's own.
+    ``rows.validate_row`` so that the message is the contract's own. Beyond the contract: the weight
+    span and the solver's memory that ``certify_row`` refuses (``row.mass_span_problem``,
+    ``CertifyOptions.memory_problem``), so that a run stops before its first row, not at that one.
     """
     n = batch.num_rows
     names = batch.schema.names
@@ -113,6 +115,12 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     bad |= np.bincount(vr[~np.isfinite(vf)], minlength=n) > 0
     with np.errstate(invalid="ignore"):
         bad |= np.bincount(vr[np.abs(vf) > rows.MAX_VALUE], minlength=n) > 0
+    pos = fin_w & (wf > 0)  # the weight span certify_row refuses (row.mass_span_problem), found before any row
+    lo = np.full(n, np.inf)
+    hi = np.zeros(n)
+    np.minimum.at(lo, wr[pos], wf[pos])
+    np.maximum.at(hi, wr[pos], wf[pos])
+    wide = lo < MASS_SPAN * hi
     key_reason: dict[int, str] = {}
     if "keys" in names:
         kl = _lengths(batch.column("keys"))
@@ -137,6 +145,9 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
                 continue
         if i in key_reason:
             yield rid, None, key_reason[i]
+            continue
+        if wide[i]:
+            yield rid, None, mass_span_problem(wf[wr == i])
             continue
         for s in s_values:
             if s > wl[i]:
