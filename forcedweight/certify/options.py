@@ -19,7 +19,7 @@ import numpy as np
 from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT
 from forcedweight.certify.solvers import cpsat, mitm, scip
 from forcedweight.certify.solvers.bnb import solve_bnb
-from forcedweight.certify.solvers.frontier import REFINE_WORK
+from forcedweight.certify.solvers.frontier import REFINE_WORK, frontier_bytes
 from forcedweight.certify.solvers.lp_bound import TAIL_LPS
 from forcedweight.certify.solvers.result import SolverResult
 from forcedweight.core import operator as op
@@ -219,7 +219,9 @@ def solver_memory(solver: str, n: int, d: int) -> int:
     """Estimated peak bytes of the solver on one row of N = n keys and d value dims.
 
     bnb (and auto, which runs bnb on every row it does not hand to mitm) holds the dense N x N
-    float64 Gram matrix of the contributions beside a few N x d copies; scip and cpsat build a model
+    float64 Gram matrix of the contributions beside a few N x d copies, and the bound of a stopped
+    search grows its node store up to ``frontier_bytes(N)`` (counted 1.5 times: a doubling copies the
+    old arrays into the new); scip and cpsat build a model
     of O(N d) coefficients; ``none`` solves nothing. The pool search before it is bounded by
     ``max_subsets`` and is not counted.
     """
@@ -227,7 +229,7 @@ def solver_memory(solver: str, n: int, d: int) -> int:
         return 0
     base = 8 * n * d * 8  # contributions, their rotation and the row's copies (float64)
     if solver in ("auto", "bnb"):
-        return base + 8 * n * n
+        return base + 8 * n * n + 3 * int(frontier_bytes(n)) // 2
     return base * 4
 
 

@@ -288,6 +288,49 @@ def test_refined_node_bound_is_below_the_brute_force_node_minimum(seed, n, d, pe
         assert lb >= exact * (1 - 1e-9) - margin
 
 
+def test_a_full_frontier_grows_up_to_its_byte_ceiling_and_the_bound_stays_a_proof():
+    """frontier._refine from the root with an unbounded budget, starting from a store of 2 nodes instead of
+    ``_frontier``'s: it doubles the store when full, so where ``frontier_bytes(N) // node_bytes(s)`` nodes
+    suffice it reaches the same bound as from the full store (bit for bit; no ``frontier_full``); where they do
+    not, it stops at that ceiling (``frontier_full``) with a bound still <= the brute-force optimum. Both happen
+    among these rows. ``solver_memory`` counts the ceiling (1.5 times: a doubling holds old and new)."""
+    import itertools
+
+    from forcedweight.certify.options import solver_memory
+    from forcedweight.certify.solvers import frontier
+
+    outcomes = set()
+    for n, s in ((10, 3), (12, 4), (12, 6), (14, 5)):
+        for seed in range(4):
+            p, V = _pv(seed, n, 3, 1.0)
+            A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(op.centred_contributions(p, V), p, s)[:10]
+            exact = min(np.linalg.norm(A[list(S)].sum(axis=0)) / pw[list(S)].sum()
+                        for S in itertools.combinations(range(n), s))
+            runs = []
+            for size in (None, 2):
+                arrays = frontier._frontier(n, s)
+                if size is not None:
+                    arrays = tuple(a[:size].copy() for a in arrays)
+                keys, tt, kn, val, state = arrays
+                tt[0], kn[0], val[0], state[0] = 0, 0, 0.0, 0  # the root: every set
+                stats = np.zeros(len(frontier.REFINE_STATS), np.int64)
+                lb = frontier._refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, 1,
+                                      2.0 * exact, gamma, 30, 0, 1e12, stats)
+                runs.append((lb, int(stats[5]), int(stats[1])))
+            (lb_full, full_full, _), (lb_small, small_full, splits) = runs
+            assert splits >= 1  # the root was split: n + 1 slots, so the 2-node store grew
+            assert full_full == 0 and lb_full >= exact * (1 - 1e-9)  # converged (relative 1e-9: float64 bounds)
+            assert 0.0 <= lb_small <= exact * (1 + 1e-12)  # a proof either way (relative 1e-12)
+            if small_full == 0:
+                assert lb_small == lb_full  # refined as far as from the full store
+            outcomes.add(small_full)
+    assert outcomes == {0, 1}
+    assert frontier.frontier_bytes(10) == frontier.FRONTIER_GRAM_SHARE * 8 * 100 and frontier.node_bytes(5) == 52
+    big = 100_000
+    assert frontier.frontier_bytes(big) == frontier.FRONTIER_MAX_BYTES
+    assert solver_memory("bnb", big, 64) == 8 * big * 64 * 8 + 8 * big * big + 3 * frontier.FRONTIER_MAX_BYTES // 2
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n=st.integers(6, 12), d=st.integers(1, 6),
        peak=st.sampled_from([0.3, 1.0, 2.5]), other=st.sampled_from([0.0, 0.25, 1.0]), data=st.data())

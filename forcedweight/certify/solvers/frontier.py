@@ -32,7 +32,8 @@ of ``LONG_ROWS`` keys or more the bound runs without the relaxation (``bnb.bound
 at N ~ 4,000 and d = 64 one node's full relaxation costs a third of the default budget, and
 splitting nodes instead raises the bound further.
 
-Frontier arrays (capacity M): ``keys`` (M, s) int32 (row j of a node: its ``tt[j]`` fixed keys),
+Frontier arrays (capacity M; ``_refine`` doubles it when full, up to ``frontier_bytes(N)``, which
+``CertifyOptions.memory_problem`` counts): ``keys`` (M, s) int32 (row j of a node: its ``tt[j]`` fixed keys),
 ``tt`` (M,) level, ``kn`` (M,) next key, ``val`` (M,) bound, ``state`` (M,) int64:
 0 = bound capped by a running minimum or quick only, 1 = full bound, 2 = exact (a leaf), -1 = split.
 """
@@ -53,6 +54,8 @@ REFINE_WORK = 5e8  # default key-steps of the best-first refinement (0 = off; ~1
 POP_RELAX = 150  # FISTA steps of the relaxation of a refined node (RELAX_QUICK or less: the quick one only)
 STOP_BELOW = 0.02  # a first-level bound below this share of the incumbent calls for an LP direction
 LP_KEYS = 24_000  # budget of those LPs per stopped search, in keys (an LP over N - k keys costs N - k)
+FRONTIER_GRAM_SHARE = 2  # the node store grows (doubling) to at most this many times the Gram matrix's bytes
+FRONTIER_MAX_BYTES = 256 * 2**20  # ... and at most this (a 600 s bound on a flat N = 3,431 row kept 1.7M nodes)
 REFINE_STATS = ("full_bounds", "splits", "children_tested", "children_kept", "key_steps", "frontier_full",
                 "tail_from", "zero_stop", "deadline", "peels")
 
@@ -186,7 +189,8 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     """Raise the minimum of the frontier ``[0, m)`` by best-first refinement (module docstring).
 
     ``stats`` (len(REFINE_STATS),) int64 is incremented: nodes given their full bound, nodes split,
-    children tested, children kept, key-steps spent (rounded), 1 if the frontier filled up; ``stats[7]``
+    children tested, children kept, key-steps spent (rounded), 1 if the frontier filled up (its arrays are
+    replaced by larger ones, doubling, up to ``frontier_bytes(N)``; then it stops); ``stats[7]``
     = 1 when it stopped because the budget left cannot process every node of bound 0 (``_least_work``:
     the minimum would stay 0, so the result is the one the whole budget gives); ``stats[8]`` = 1 when it
     stopped at ``deadline`` (``perf_counter`` seconds; checked before each node); ``stats[9]``: nodes peeled
@@ -197,6 +201,7 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
     """
     N, d = A.shape
     M = keys.shape[0]
+    cap = max(M, frontier_bytes(N) // node_bytes(s))  # the most nodes the store may grow to
     ys = np.zeros((s + 1, d))
     ws = np.zeros(s + 1)
     bs = np.zeros(s + 1)
@@ -247,14 +252,19 @@ def _refine(A, pw, wtop, nrm, G, lo, hi, use_box, s, keys, tt, kn, val, state, m
             state[i] = 1
             continue
         # (2) split into the children T + {j}
-        if m + (N - k) + 1 > M:  # full: drop the split nodes, then look again (indices moved)
-            m2 = _compact(keys, tt, kn, val, state, m)
-            full = m2 == m or m2 + (N - k) + 1 > M
-            m = m2
-            if full:
-                stats[5] = 1
-                break
-            continue
+        if m + (N - k) + 1 > M:  # full: drop the split nodes, then grow the store if that is not enough
+            m = _compact(keys, tt, kn, val, state, m)
+            want = m + (N - k) + 1
+            if want > M:
+                size = 2 * M
+                while size < want:
+                    size *= 2
+                if size > cap:
+                    stats[5] = 1
+                    break
+                keys, tt, kn, val, state = _grown(keys, tt, kn, val, state, m, size)
+                M = size
+            continue  # look again (the compaction moved the indices)
         parent = val[i]
         state[i] = -1
         cur = top
@@ -372,8 +382,35 @@ def _compact(keys, tt, kn, val, state, m):
 
 
 @njit(cache=True)
+def frontier_bytes(N):
+    """The most bytes the refinement's node store grows to on a row of N keys, beyond its first size
+    (``_frontier``): ``FRONTIER_GRAM_SHARE`` times the Gram matrix's, at most ``FRONTIER_MAX_BYTES``."""
+    return min(FRONTIER_GRAM_SHARE * 8 * N * N, FRONTIER_MAX_BYTES)
+
+
+@njit(cache=True)
+def node_bytes(s):
+    """Bytes of one frontier node at budget s: s int32 keys, level, next key, bound and state."""
+    return 4 * s + 32
+
+
+@njit(cache=True)
+def _grown(keys, tt, kn, val, state, m, size):
+    """The frontier's arrays with room for ``size`` nodes, the first m copied."""
+    s = keys.shape[1]
+    k2, t2, n2, v2, st2 = (np.zeros((size, s), np.int32), np.zeros(size, np.int64), np.zeros(size, np.int64),
+                           np.zeros(size), np.zeros(size, np.int64))
+    k2[:m] = keys[:m]
+    t2[:m] = tt[:m]
+    n2[:m] = kn[:m]
+    v2[:m] = val[:m]
+    st2[:m] = state[:m]
+    return k2, t2, n2, v2, st2
+
+
+@njit(cache=True)
 def _frontier(N, s):
-    M = min(max(64 * N, 1 << 14), 1 << 18)  # at most 2**18 nodes (s int32 keys each)
+    M = min(max(64 * N, 1 << 14), 1 << 18)  # first size: at most 2**18 nodes (``_refine`` grows it when full)
     return (np.zeros((M, s), np.int32), np.zeros(M, np.int64), np.zeros(M, np.int64), np.zeros(M),
             np.zeros(M, np.int64))
 
@@ -553,4 +590,5 @@ def open_bound(A, pw, wtop, nrm, G, lo, hi, use_box, s, idx, t_cur, ys, ws, bs, 
                    int(relax_iters), budget, stats, deadline)
 
 
-__all__ = ["first_level_bound", "open_bound", "REFINE_STATS", "REFINE_WORK"]
+__all__ = ["FRONTIER_GRAM_SHARE", "FRONTIER_MAX_BYTES", "first_level_bound", "frontier_bytes", "node_bytes", "open_bound",
+           "REFINE_STATS", "REFINE_WORK"]
