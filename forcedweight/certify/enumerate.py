@@ -62,12 +62,10 @@ def brute_force_best(p, V, s: int, chunk: int = 8192) -> tuple[float, np.ndarray
         for j in range(1, s):  # (chunk, d) temporaries only
             Y += As[block[:, j]]
             W += ps[block[:, j]]
-        # each sum's norm at its own power-of-two scale (as ``operator._norm``): a sum of keys whose masses are
-        # ~1e-200 of the largest would square to 0 and pass for E = 0
-        _, k = np.frexp(np.abs(Y).max(axis=1))
-        Z = np.ldexp(Y, -k[:, None])
+        # each sum's norm at its own scale: a sum of keys whose masses are ~1e-200 of the largest would
+        # square to 0 and pass for E = 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            E = np.where(W > 0, np.ldexp(np.sqrt(np.einsum("ij,ij->i", Z, Z)), k) / W, np.inf)
+            E = np.where(W > 0, op.row_norms(Y) / W, np.inf)
         vals.append(E)
         sets.append(block)
     E = np.concatenate(vals)

@@ -50,7 +50,7 @@ from forcedweight import rows
 from forcedweight import __version__
 from forcedweight.certify.options import CertifyOptions
 from forcedweight.certify.record import invalid_record, output_schema, records_to_table
-from forcedweight.certify.row import MASS_SPAN, certify_row, mass_span_problem, needs_solver
+from forcedweight.certify.row import certify_row, mass_span_problem, needs_solver
 from forcedweight.certify.warmup import warm_up
 from forcedweight.errors import InputError, RowError
 from forcedweight.rows import InvalidRow, check_columns, keys_query_problem
@@ -115,12 +115,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
     bad |= np.bincount(vr[~np.isfinite(vf)], minlength=n) > 0
     with np.errstate(invalid="ignore"):
         bad |= np.bincount(vr[np.abs(vf) > rows.MAX_VALUE], minlength=n) > 0
-    pos = fin_w & (wf > 0)  # the weight span certify_row refuses (row.mass_span_problem), found before any row
-    lo = np.full(n, np.inf)
-    hi = np.zeros(n)
-    np.minimum.at(lo, wr[pos], wf[pos])
-    np.maximum.at(hi, wr[pos], wf[pos])
-    wide = lo < MASS_SPAN * hi
+    w_end = np.cumsum(np.maximum(wl, 0))  # each row's weights are wf[w_end[i] - wl[i]:w_end[i]]
     key_reason: dict[int, str] = {}
     if "keys" in names:
         kl = _lengths(batch.column("keys"))
@@ -146,8 +141,9 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
         if i in key_reason:
             yield rid, None, key_reason[i]
             continue
-        if wide[i]:
-            yield rid, None, mass_span_problem(wf[wr == i])
+        span = mass_span_problem(wf[w_end[i] - wl[i]:w_end[i]])  # what certify_row refuses, before any row
+        if span is not None:
+            yield rid, None, span
             continue
         for s in s_values:
             if s > wl[i]:

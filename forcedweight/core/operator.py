@@ -36,6 +36,15 @@ def _norm(y: np.ndarray) -> float:
     return float(np.ldexp(np.sqrt(z.dot(z)), k))  # as np.linalg.norm computes it; inf past the float range
 
 
+def row_norms(Y: np.ndarray) -> np.ndarray:
+    """``||Y[i]||_2`` for each row of Y (n, d), shape (n,), each at its own power-of-two scale (as ``_norm``): a
+    row of entries ~1e-200 would square to 0. Computed as the einsum of the scaled rows, so the same in any
+    batch (the NumPy reference ``certify.enumerate.brute_force_best``)."""
+    _, k = np.frexp(np.abs(Y).max(axis=1))
+    Z = np.ldexp(Y, -k[:, None])
+    return np.ldexp(np.sqrt(np.einsum("ij,ij->i", Z, Z)), k)
+
+
 def as_row(p, V, s: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(p, V)`` as float64 arrays of shapes (N,) and (N, d); checks ``1 <= s <= N`` when s is given.
 

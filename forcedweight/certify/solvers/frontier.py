@@ -395,11 +395,16 @@ def node_bytes(s):
 
 
 @njit(cache=True)
+def _store(M, s):
+    """Empty frontier arrays for M nodes at budget s (``keys, tt, kn, val, state``; ``node_bytes(s)`` a node)."""
+    return (np.zeros((M, s), np.int32), np.zeros(M, np.int64), np.zeros(M, np.int64), np.zeros(M),
+            np.zeros(M, np.int64))
+
+
+@njit(cache=True)
 def _grown(keys, tt, kn, val, state, m, size):
     """The frontier's arrays with room for ``size`` nodes, the first m copied."""
-    s = keys.shape[1]
-    k2, t2, n2, v2, st2 = (np.zeros((size, s), np.int32), np.zeros(size, np.int64), np.zeros(size, np.int64),
-                           np.zeros(size), np.zeros(size, np.int64))
+    k2, t2, n2, v2, st2 = _store(size, keys.shape[1])
     k2[:m] = keys[:m]
     t2[:m] = tt[:m]
     n2[:m] = kn[:m]
@@ -410,9 +415,7 @@ def _grown(keys, tt, kn, val, state, m, size):
 
 @njit(cache=True)
 def _frontier(N, s):
-    M = min(max(64 * N, 1 << 14), 1 << 18)  # first size: at most 2**18 nodes (``_refine`` grows it when full)
-    return (np.zeros((M, s), np.int32), np.zeros(M, np.int64), np.zeros(M, np.int64), np.zeros(M),
-            np.zeros(M, np.int64))
+    return _store(min(max(64 * N, 1 << 14), 1 << 18), s)  # first size: at most 2**18 nodes (``_refine`` grows it)
 
 
 @njit(cache=True)
