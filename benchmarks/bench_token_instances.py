@@ -36,6 +36,13 @@ from forcedweight.core.operator import centred_contributions
 from forcedweight.rows import rows_by_id
 
 
+def value_tokens(V: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each key's token, the index of its value row among the distinct ones (N,), and their number T."""
+    _, token = np.unique(V, axis=0, return_inverse=True)
+    token = token.ravel()
+    return token, int(token.max()) + 1
+
+
 def token_instances(p: np.ndarray, V: np.ndarray, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The instances beside a row: name -> (masses (T,), contributions (T, d)), T = its distinct value rows.
 
@@ -44,9 +51,7 @@ def token_instances(p: np.ndarray, V: np.ndarray, seed: int = 0) -> dict[str, tu
     ``merged``: each token's copies summed. Contributions are ``p_i (v_i - mu)`` with the full row's ``mu``.
     """
     A = centred_contributions(p, V)
-    _, token = np.unique(V, axis=0, return_inverse=True)
-    token = token.ravel()
-    n_tokens = int(token.max()) + 1
+    token, n_tokens = value_tokens(V)
     index = np.arange(p.shape[0])
 
     def one_per_token(sign: float) -> np.ndarray:

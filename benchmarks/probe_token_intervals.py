@@ -25,6 +25,7 @@ import time
 import numpy as np
 from numba import njit
 
+from bench_token_instances import value_tokens
 from forcedweight.core.operator import centred_contributions
 from forcedweight.rows import rows_by_id
 
@@ -227,15 +228,10 @@ def token_arrays(p: np.ndarray, V: np.ndarray, one_copy: bool = False):
     """(U (T, d) = v_tau - mu by token, ordered by heaviest copy; copy masses (heaviest first within a
     token); token start offsets (T + 1,)). ``one_copy``: only each token's heaviest copy."""
     A = centred_contributions(p, V)
-    _, token = np.unique(V, axis=0, return_inverse=True)
-    token = token.ravel()
-    T = int(token.max()) + 1
-    first = np.full(T, -1)
+    token, T = value_tokens(V)
+    first = np.unique(token, return_index=True)[1]  # a key of each token
     heaviest = np.zeros(T)
-    for i in range(p.shape[0]):
-        if first[token[i]] < 0:
-            first[token[i]] = i
-        heaviest[token[i]] = max(heaviest[token[i]], p[i])
+    np.maximum.at(heaviest, token, p)
     U = A[first] / p[first][:, None]
     order = np.argsort(-heaviest, kind="stable")
     rank = np.empty(T, np.int64)

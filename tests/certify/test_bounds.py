@@ -294,8 +294,6 @@ def test_a_full_frontier_grows_up_to_its_byte_ceiling_and_the_bound_stays_a_proo
     suffice it reaches the same bound as from the full store (bit for bit; no ``frontier_full``); where they do
     not, it stops at that ceiling (``frontier_full``) with a bound still <= the brute-force optimum. Both happen
     among these rows. ``solver_memory`` counts the ceiling (1.5 times: a doubling holds old and new)."""
-    import itertools
-
     from forcedweight.certify.options import solver_memory
     from forcedweight.certify.solvers import frontier
 
@@ -304,8 +302,7 @@ def test_a_full_frontier_grows_up_to_its_byte_ceiling_and_the_bound_stays_a_proo
         for seed in range(4):
             p, V = _pv(seed, n, 3, 1.0)
             A, pw, nrm, G, lo, hi, use_box, _, gamma, wtop = prepare(op.centred_contributions(p, V), p, s)[:10]
-            exact = min(np.linalg.norm(A[list(S)].sum(axis=0)) / pw[list(S)].sum()
-                        for S in itertools.combinations(range(n), s))
+            exact, _ = brute_force_best(p, V, s)
             runs = []
             for size in (None, 2):
                 arrays = frontier._frontier(n, s)
