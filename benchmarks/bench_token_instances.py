@@ -1,14 +1,15 @@
 """How repeated value rows (layer 0) slow the exact search: a row beside key sets of its token count, with and without copies.
 
     NUMBA_NUM_THREADS=2 .venv/bin/python benchmarks/bench_token_instances.py --real DUMP --rows 1,3,5
-        [--s 8] [--time-limit 10] [--threads 2] [--seed 0]
+        [--s 8] [--time-limit 10] [--threads 2] [--seed 0] [--pool-start]
 
 A layer-0 value is a function of the token alone, so a row of layer 0 repeats its value rows: keys of one
 token (a *token*: a distinct value row) contribute parallel vectors ``a_i = p_i (v_tau - mu)`` and differ only
 in mass. For each row (``row_id``s of a ``forcedweight dump``) this runs ``bnb.solve_bnb`` with the same time
 limit on six instances, one after another:
 
-- ``row``: the row itself, all N keys (what ``certify`` solves);
+- ``row``: the row itself, all N keys (what ``certify`` solves; from top-mass, or with ``--pool-start`` from
+  the pool optimum, as ``certify`` starts it);
 - ``heaviest``: the exact optimum over one key per token, its heaviest copy (``solve_bnb(..., A=)`` with the
   contributions of the full row, so ``mu`` is the row's: a restriction of the row's problem, whose value is
   at or above the row's); ``lightest``: the same with each token's lightest copy;
@@ -30,6 +31,7 @@ import time
 
 import numpy as np
 
+from forcedweight.certify.pool import pool_optimum
 from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.warmup import warm_up
 from forcedweight.core.operator import centred_contributions
@@ -76,6 +78,8 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0, help="the random instance's draw")
+    ap.add_argument("--pool-start", action="store_true",
+                    help="start the row's search from the pool optimum, as certify does (default: top-mass)")
     a = ap.parse_args()
     ids = [int(x) for x in a.rows.split(",")]
     warm_up()
@@ -86,7 +90,8 @@ def main() -> None:
         runs.update(token_instances(r.p, r.V, a.seed))
         for name, (p, A) in runs.items():
             t0 = time.perf_counter()
-            res = solve_bnb(p, r.V, a.s, A=A, time_limit=a.time_limit, threads=a.threads)
+            start = pool_optimum(r.p, r.V, a.s)[2] if a.pool_start and name == "row" else None
+            res = solve_bnb(p, r.V, a.s, incumbent=start, A=A, time_limit=a.time_limit, threads=a.threads)
             seconds = time.perf_counter() - t0
             print(json.dumps(dict(row=rid, instance=name, keys=int(p.shape[0]), value=res.value,
                                   bound_share=res.lower_bound / res.value, proved=bool(res.proved),
