@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from bench_token_instances import value_tokens
+from forcedweight.certify.solvers.node_tests import _insert
 from forcedweight.core.operator import centred_contributions
 from forcedweight.rows import rows_by_id
 
@@ -51,26 +52,20 @@ def _phi(g, lam, U, ft, flo, fhi, nf, start, cop_p, cop_ptr, r, ystar):
     val = _fixed_part(g, lam, U, ft, flo, fhi, nf, ystar)
     if r == 0:
         return val
-    bv = np.full(r, np.inf)
-    bt = np.full(r, -1)
-    bm = np.zeros(r)
+    bv = np.empty(r)
+    bi = np.zeros(r, np.int64)  # the copies kept (their token: the cop_ptr interval holding them)
+    n = 0
     for tau in range(start, T):
         c = np.dot(g, U[tau]) - lam
         a, b = cop_ptr[tau], cop_ptr[tau + 1]
         lo_i, hi_i = (a, min(b, a + r)) if c < 0.0 else (max(a, b - r), b)  # copies by mass, heaviest first
         for i in range(lo_i, hi_i):
-            v = cop_p[i] * c
-            if v < bv[r - 1]:
-                pos = r - 1
-                while pos > 0 and bv[pos - 1] > v:
-                    bv[pos], bt[pos], bm[pos] = bv[pos - 1], bt[pos - 1], bm[pos - 1]
-                    pos -= 1
-                bv[pos], bt[pos], bm[pos] = v, tau, cop_p[i]
+            n = _insert(cop_p[i] * c, i, n, r, bv, bi)
+    if n < r:
+        return np.inf
     for j in range(r):
-        if bt[j] < 0:
-            return np.inf
         val += bv[j]
-        ystar += bm[j] * U[bt[j]]
+        ystar += cop_p[bi[j]] * U[np.searchsorted(cop_ptr, bi[j], side="right") - 1]
     return val
 
 
@@ -98,7 +93,9 @@ def _screen(g, lam, U, ft, flo, fhi, nf, start, cop_p, cop_ptr, r, ok, S):
     T = U.shape[0]
     ystar = np.zeros(U.shape[1])
     base = _fixed_part(g, lam, U, ft, flo, fhi, nf, ystar)
-    bv = np.full(r, np.inf)
+    bv = np.full(r, np.inf)  # the r smallest so far (inf: none yet; S reads all r)
+    bi = np.zeros(r, np.int64)
+    n = 0
     S[T, 0] = 0.0
     S[T, 1:r + 1] = np.inf
     for tau in range(T - 1, start - 1, -1):
@@ -112,13 +109,7 @@ def _screen(g, lam, U, ft, flo, fhi, nf, start, cop_p, cop_ptr, r, ok, S):
                 ok[tau, cc] = base + (lo * c if c >= 0.0 else hi * c) + S[tau + 1, r - cc] >= 0.0
         lo_i, hi_i = (a, min(b, a + r)) if c < 0.0 else (max(a, b - r), b)
         for i in range(lo_i, hi_i):
-            v = cop_p[i] * c
-            if v < bv[r - 1]:
-                pos = r - 1
-                while pos > 0 and bv[pos - 1] > v:
-                    bv[pos] = bv[pos - 1]
-                    pos -= 1
-                bv[pos] = v
+            n = _insert(cop_p[i] * c, i, n, r, bv, bi)
         S[tau, 0] = 0.0
         for k in range(1, r + 1):
             S[tau, k] = S[tau, k - 1] + bv[k - 1]
