@@ -75,6 +75,27 @@ def test_many_chunks_and_rescan_match_brute_force():
     assert v <= 1e-15 and ref <= 1e-15
 
 
+def test_large_pools_at_small_s_match_brute_force_and_the_pair_table():
+    # P = 200 keys at s = 2 and 3 (1.3e6 subsets at s = 3: 81 chunks, each reading the pool's one
+    # pair table) against the brute force, with distinct and with repeated values (many near-tied candidates)
+    from forcedweight.certify.enumerate import pair_table
+
+    rng = np.random.default_rng(6)
+    n, d = 200, 8
+    p = np.exp(rng.normal(size=n))
+    p /= p.sum()
+    G = rng.normal(size=(5, 5))
+    G = G @ G.T
+    R = pair_table(G, np.diag(G).copy())
+    assert np.array_equal(R, 2.0 * G + np.diag(G)[None, :])  # R[k1, k2] = 2 G[k1, k2] + G[k2, k2]
+    for V in (rng.normal(size=(n, d)), rng.normal(size=(40, d))[rng.integers(0, 40, size=n)]):
+        for s in (2, 3):
+            v, S = enumerate_best(p, V, np.arange(n), s)
+            ref, _ = brute_force_best(p, V, s)
+            assert v == pytest.approx(ref, rel=1e-12, abs=1e-15)  # (both forced_error on tied minimisers)
+            assert v == op.forced_error(p, V, S)
+
+
 def test_cancellation_large_offsets():
     # values share a huge common offset: centring cancels it; the true optimum has E ~ 1e-9
     rng = np.random.default_rng(5)
