@@ -233,7 +233,12 @@ def _scan(G, R, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
                     w2 = wv * wv
                     thrK = state[2] if mode == 0 else thr
                     if lo <= thrK * w2:
-                        _offer(mode, lo, w2, thr, idx, s, k1, k2, Ap, pw, topL, topS, state, bests)
+                        # the pair's own norm in the margin (a subset of light keys has a small b, which
+                        # the suffix maximum overstates: its lower end would pass for any w)
+                        bx = bT + nrm[k1] + nrm[k2]
+                        lo = (n2T + c2[L, k1] + gd[k1] - kappa * bx * bx) + c2[L, k2] + R[k1, k2]
+                        if lo <= thrK * w2:
+                            _offer(mode, lo, w2, thr, idx, s, k1, k2, Ap, pw, topL, topS, state, bests)
             remaining -= kend - k2s
             k1 += 1
             k2s = k1 + 1

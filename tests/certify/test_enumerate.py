@@ -77,7 +77,8 @@ def test_many_chunks_and_rescan_match_brute_force():
 
 def test_large_pools_at_small_s_match_brute_force_and_the_pair_table():
     # P = 200 keys at s = 2 and 3 (1.3e6 subsets at s = 3: 81 chunks, each reading the pool's one
-    # pair table) against the brute force, with distinct and with repeated values (many near-tied candidates)
+    # pair table) against the brute force, with distinct and with repeated values (many near-tied candidates),
+    # and with light keys
     from forcedweight.certify.enumerate import pair_table
 
     rng = np.random.default_rng(6)
@@ -88,7 +89,11 @@ def test_large_pools_at_small_s_match_brute_force_and_the_pair_table():
     G = G @ G.T
     R = pair_table(G, np.diag(G).copy())
     assert np.array_equal(R, 2.0 * G + np.diag(G)[None, :])  # R[k1, k2] = 2 G[k1, k2] + G[k2, k2]
-    for V in (rng.normal(size=(n, d)), rng.normal(size=(40, d))[rng.integers(0, 40, size=n)]):
+    light = p * np.where(rng.random(n) < 0.3, 1e-13, 1.0)  # a third of the keys ~1e-13 of the rest: sets of
+    light /= light.sum()  # light keys, whose margins take the pair's own norms (enumerate._scan)
+    rows = ((p, rng.normal(size=(n, d))), (p, rng.normal(size=(40, d))[rng.integers(0, 40, size=n)]),
+            (light, rng.normal(size=(n, d))))
+    for p, V in rows:
         for s in (2, 3):
             v, S = enumerate_best(p, V, np.arange(n), s)
             ref, _ = brute_force_best(p, V, s)
