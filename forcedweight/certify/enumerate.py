@@ -217,9 +217,11 @@ def _scan(G, R, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
         while k1 < P - 1 and remaining > 0:
             kend = min(P, k2s + remaining)
             wb = wT + pw[k1]
+            n21 = n2T + c2[L, k1] + gd[k1]
+            b1 = bT + nrm[k1]
             # rounding margin with the largest ||a_k2|| still ahead (suffix max): one constant
-            bb = bT + nrm[k1] + sufmax[k2s]
-            base = n2T + c2[L, k1] + gd[k1] - kappa * bb * bb
+            bb = b1 + sufmax[k2s]
+            base = n21 - kappa * bb * bb
             thrK = state[2] if mode == 0 else thr
             hit = False
             for k2 in range(k2s, kend):
@@ -235,8 +237,8 @@ def _scan(G, R, gd, pw, nrm, Ap, s, kappa, rank0, count, binom, mode, thr,
                     if lo <= thrK * w2:
                         # the pair's own norm in the margin (a subset of light keys has a small b, which
                         # the suffix maximum overstates: its lower end would pass for any w)
-                        bx = bT + nrm[k1] + nrm[k2]
-                        lo = (n2T + c2[L, k1] + gd[k1] - kappa * bx * bx) + c2[L, k2] + R[k1, k2]
+                        bx = b1 + nrm[k2]
+                        lo = (n21 - kappa * bx * bx) + c2[L, k2] + R[k1, k2]
                         if lo <= thrK * w2:
                             _offer(mode, lo, w2, thr, idx, s, k1, k2, Ap, pw, topL, topS, state, bests)
             remaining -= kend - k2s
