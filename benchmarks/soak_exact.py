@@ -60,8 +60,8 @@ def make_case(seed: int):
     p = p / p.sum()
     s = int(rng.integers(2, 5)) if mode == 0 else (int(rng.integers(max(1, n - 4), n)) if mode == 1
                                                     else int(rng.integers(2, 7)))
-    while comb(n, s) > 3e5 and s > 1:
-        s = s - 1 if s <= n // 2 else s + 1 if s < n - 1 else s - 1
+    while comb(n, s) > 3e5:  # (only the small-s modes get here: s <= 6 <= n / 2)
+        s -= 1
     return kind, p, V, s, rng
 
 
