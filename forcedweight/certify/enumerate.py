@@ -309,8 +309,28 @@ def _direct_many(Ap, pw, sets, out):
 def pair_table(G, gd):
     """(P, P) ``R[k1, k2] = 2 G[k1, k2] + G[k2, k2]``: what adding the last pair (k1, k2) of a subset adds to
     ``||y||^2`` besides the prefix's terms (``_scan``), from the pool's Gram matrix ``G`` (P, P) and its
-    diagonal ``gd`` (P,)."""
-    return 2.0 * G + gd.reshape(1, -1)
+    diagonal ``gd`` (P,). Built in place (no third P x P array: ``enumerate_bytes``)."""
+    R = np.multiply(G, 2.0)
+    R += gd.reshape(1, -1)
+    return R
+
+
+def _chunk_count(total: int) -> int:
+    """How many chunks ``enumerate_best`` cuts ``total`` subsets into (never more than 4,096)."""
+    return max(1, min(4096, max(min(_MIN_CHUNKS, total // 2048), -(-total // _CHUNK))))
+
+
+def enumerate_bytes(n: int, d: int, P: int, s: int) -> int:
+    """Estimated peak bytes of ``enumerate_best`` on a row of N = n keys and d value dims, over a pool of
+    P keys at size s: the pool's (P, P) float64 Gram matrix and pair table (``pair_table``; none at
+    s = 1), eight float64 copies of an (n, d) array (the row and its contributions, as certify's
+    ``options.solver_memory`` counts them) and eight copies of the chunks' candidate lists (a call makes
+    about four: ``topL``/``topS`` and their selections)."""
+    P, s = int(P), int(s)
+    if s < 2:
+        return 8 * n * d * 8
+    chunks = _chunk_count(math.comb(P, s))
+    return 16 * P * P + 8 * n * d * 8 + 8 * chunks * _TOPK * (s + 1) * 8
 
 
 def _binom_table(P: int, s: int) -> np.ndarray:
@@ -338,8 +358,7 @@ def _prepare(p, V, pool):
     p_max = p_max if p_max > 0.0 else 1.0
     Ap = np.ascontiguousarray(A[pool] / a_max)
     pw = np.ascontiguousarray(pw / p_max)
-    G = Ap @ Ap.T
-    return p, V, pool, A, Ap, pw, G
+    return p, V, pool, A, Ap, pw
 
 
 def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
@@ -359,7 +378,7 @@ def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
     int64 sorted global key indices. Ties (values within ``TIE_REL``) go to the
     lexicographically smallest candidate set.
     """
-    p, V, pool, A, Ap, pw, G = _prepare(p, V, pool)
+    p, V, pool, A, Ap, pw = _prepare(p, V, pool)
     P = pool.shape[0]
     if not 1 <= s <= P:
         raise ValueError(f"s = {s} outside [1, pool size {P}]")
@@ -371,13 +390,14 @@ def enumerate_best(p, V, pool, s: int, max_subsets: float = 5e11,
             e = np.where(pw > 0, np.array([op._norm(a) for a in Ap]) / pw, np.inf)
         j = int(np.flatnonzero(e <= e.min() * (1.0 + TIE_REL))[0])
         return op.forced_error(p, V, pool[j : j + 1], A), pool[j : j + 1].copy()
+    G = Ap @ Ap.T  # (P, P): with R, most of enumerate_bytes
     gd = np.ascontiguousarray(np.diag(G))
     R = pair_table(G, gd)
     nrm = np.sqrt(np.einsum("ij,ij->i", Ap, Ap))
     d = Ap.shape[1]
     # rounding margin of n2 (Gram entries: d-term dots; accumulation: <= 2s+2 terms), doubled
     kappa = 2.0 * (d + 2 * s + 4) * _EPS
-    M = max(1, min(4096, max(min(_MIN_CHUNKS, total // 2048), -(-total // _CHUNK))))
+    M = _chunk_count(total)
     bounds = np.array([(total * m) // M for m in range(M + 1)], dtype=np.int64)
     starts = bounds[:-1].copy()
     counts = np.diff(bounds)

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from forcedweight.certify.enumerate import enumerate_bytes
 from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT
 from forcedweight.certify.solvers import cpsat, mitm, scip
 from forcedweight.certify.solvers.bnb import solve_bnb
@@ -145,10 +146,10 @@ class CertifyOptions:
         bnb only; None = ``max(bnb.BOUND_SHARE * time_limit, bnb.BOUND_MIN)``, and no deadline with
         ``node_limit``, so node-limited runs stay deterministic). The refinement stops at whichever of
         ``refine_work`` and ``bound_time`` comes first: raise both to buy higher bounds for open rows.
-    max_memory : bytes one (row, s) may ask of the solver (``--max-memory``; None = half the
-        machine's RAM, ``default_max_memory``). A row whose estimate (``solver_memory``: bnb's dense
-        N x N Gram matrix) is above it is refused with its reason: an error, or ``status=invalid``
-        under ``--skip-invalid``, before any memory is taken.
+    max_memory : bytes one (row, s) may ask of the pool search and the solver (``--max-memory``; None =
+        half the machine's RAM, ``default_max_memory``). A row whose estimate (``pool_memory``: the pool's
+        dense tables; ``solver_memory``: bnb's dense N x N Gram matrix) is above it is refused with its
+        reason: an error, or ``status=invalid`` under ``--skip-invalid``, before any memory is taken.
     """
 
     pool_mass: int = 12
@@ -198,13 +199,23 @@ class CertifyOptions:
         """``max_memory`` in bytes, the machine's default when None."""
         return default_max_memory() if self.max_memory is None else int(self.max_memory)
 
-    def memory_problem(self, n: int, d: int) -> str | None:
-        """Why a row of N = n keys and d value dims cannot be solved within ``memory_cap`` (None: it can)."""
-        need, cap = solver_memory(self.solver, n, d), self.memory_cap
-        if need <= cap:
+    def memory_problem(self, n: int, d: int, s: int, solver: bool = True) -> str | None:
+        """Why a row of N = n keys and d value dims cannot be certified at budget s within ``memory_cap``
+        (None: it can): the pool search's estimate (``pool_memory``) and, when ``solver`` (the row reaches
+        it: ``row.needs_solver``), the solver's (``solver_memory``). They run one after the other, so the
+        larger is the row's."""
+        cap = self.memory_cap
+        pool = pool_memory(n, d, s, self.pool_mass, self.pool_error, self.max_subsets, self.pool_node_limit)
+        need = solver_memory(self.solver, n, d) if solver else 0
+        if max(pool, need) <= cap:
             return None
-        return (f"solver {self.solver} needs ~{need / 2**30:.3g} GiB for N = {n} (a dense N x N Gram matrix), "
-                f"above --max-memory {cap / 2**30:.3g} GiB; raise --max-memory or use --solver none")
+        if need >= pool:
+            return (f"solver {self.solver} needs ~{need / 2**30:.3g} GiB for N = {n} (a dense N x N Gram matrix), "
+                    f"above --max-memory {cap / 2**30:.3g} GiB; raise --max-memory or use --solver none")
+        keys = min(n, s + self.pool_mass + self.pool_error)
+        return (f"the candidate pool (up to {keys} keys at s = {s}) needs ~{pool / 2**30:.3g} GiB for N = {n} "
+                f"(dense pool x pool tables), above --max-memory {cap / 2**30:.3g} GiB; raise --max-memory, or "
+                f"lower --max-subsets, --pool-mass or --pool-error")
 
 
 def default_max_memory() -> int:
@@ -222,8 +233,7 @@ def solver_memory(solver: str, n: int, d: int) -> int:
     float64 Gram matrix of the contributions beside a few N x d copies, and the bound of a stopped
     search grows its node store up to ``frontier_bytes(N)`` (counted 1.5 times: a doubling copies the
     old arrays into the new); scip and cpsat build a model
-    of O(N d) coefficients; ``none`` solves nothing. The pool search before it is bounded by
-    ``max_subsets`` and is not counted.
+    of O(N d) coefficients; ``none`` solves nothing. The pool search before it is ``pool_memory``.
     """
     if solver == "none":
         return 0
@@ -231,6 +241,29 @@ def solver_memory(solver: str, n: int, d: int) -> int:
     if solver in ("auto", "bnb"):
         return base + 8 * n * n + 3 * int(frontier_bytes(n)) // 2
     return base * 4
+
+
+def pool_memory(n: int, d: int, s: int, pool_mass: int, pool_error: int, max_subsets: int,
+                pool_node_limit: int = POOL_NODE_LIMIT) -> int:
+    """Estimated peak bytes of the pool search (``pool.pool_optimum``) on one row of N = n keys and d value
+    dims at budget s, with a pool of at most P = min(n, s + pool_mass + pool_error) keys.
+
+    Where ``C(P, s) > max_subsets`` the branch and bound restricted to the pool runs first (counted as bnb
+    on P keys, ``solver_memory``; not when ``pool_node_limit`` is 0), then the enumeration of a pool shrunk
+    to ``C(P', s) <= max_subsets`` (``enumerate.enumerate_bytes``: two dense P' x P' tables). At the
+    defaults (P = 28 at s = 8) this is kilobytes; it grows with ``--max-subsets`` at small s (s = 2 and
+    a cap of 1e9 allow a pool of 44,721 keys: 30 GiB).
+    """
+    P = max(min(int(n), int(s) + int(pool_mass) + int(pool_error)), int(s))
+    need = 0
+    if math.comb(P, s) > max_subsets:
+        need = solver_memory("bnb", P, d) if pool_node_limit > 0 else 0
+        lo, hi = s, P  # the largest pool size whose subsets fit (C(s, s) = 1 always does)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if math.comb(mid, s) <= max_subsets else (lo, mid - 1)
+        P = lo
+    return max(need, enumerate_bytes(n, d, P, s))
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
@@ -253,4 +286,5 @@ def parse_memory(text: str | None, option: str = "--max-memory") -> int | None:
     return int(value)
 
 
-__all__ = ["SOLVERS", "CertifyOptions", "default_max_memory", "parse_memory", "run_solver", "solver_memory"]
+__all__ = ["SOLVERS", "CertifyOptions", "default_max_memory", "parse_memory", "pool_memory", "run_solver",
+           "solver_memory"]

@@ -197,8 +197,8 @@ def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict
     t0 = time.perf_counter()
     p, V = row.p, row.V
     view = _inputs(row, s)
-    memory = options.memory_problem(row.n_keys, V.shape[1]) if needs_solver(row.n_keys, s, options) else None
-    if memory is not None:  # refused before any N x N allocation
+    memory = options.memory_problem(row.n_keys, V.shape[1], s, needs_solver(row.n_keys, s, options))
+    if memory is not None:  # refused before any N x N (or pool x pool) allocation
         raise RowError(row.row_id, memory)
     span = mass_span_problem(p)
     if span is not None:

@@ -86,7 +86,7 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
 
     Vectorised over the Arrow offsets; a row flagged here is re-checked by
     ``rows.validate_row`` so that the message is the contract's own. Beyond the contract: the weight
-    span and the solver's memory that ``certify_row`` refuses (``row.mass_span_problem``,
+    span and the pool search's and solver's memory that ``certify_row`` refuses (``row.mass_span_problem``,
     ``CertifyOptions.memory_problem``), so that a run stops before its first row, not at that one.
     """
     n = batch.num_rows
@@ -148,8 +148,8 @@ def check_batch(batch: pa.RecordBatch, start: int, source: Path, s_values: Seque
         for s in s_values:
             if s > wl[i]:
                 yield rid, s, f"budget s={s} exceeds N={wl[i]}"
-            elif options is not None and needs_solver(int(wl[i]), s, options):
-                memory = options.memory_problem(int(wl[i]), int(vd[i]))
+            elif options is not None:
+                memory = options.memory_problem(int(wl[i]), int(vd[i]), s, needs_solver(int(wl[i]), s, options))
                 if memory is not None:
                     yield rid, s, memory
 

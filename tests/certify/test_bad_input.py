@@ -40,6 +40,40 @@ def test_duplicate_row_ids_are_refused_naming_the_row(tmp_path, ids):
     assert not (tmp_path / "o.parquet").exists()
 
 
+def test_a_pool_whose_tables_exceed_max_memory_is_refused_with_or_without_a_solver(tmp_path):
+    # with --max-subsets raised at s = 2 the candidate pool can take the whole row: its two P x P tables
+    # (enumerate.enumerate_bytes) are counted against --max-memory even where no solver runs (--solver none,
+    # or a row the pool covers), and the message names the pool's options; the default pool fits
+    from forcedweight.certify import CertifyOptions
+    from forcedweight.certify.enumerate import enumerate_bytes
+    from forcedweight.certify.options import pool_memory, solver_memory
+    from forcedweight.certify.row import needs_solver
+
+    recs = [_rec(0, 12, keys=False), _rec(1, 200, keys=False)]
+    d = recs[1]["value_dim"]
+    src = _write(tmp_path / "r.parquet", recs)
+    assert pool_memory(200, d, 2, 300, 8, 10**6) == enumerate_bytes(200, d, 200, 2) >= 16 * 200 * 200
+    # more subsets than the cap: the pool's bnb on its 200 keys first (none with a node limit of 0), then the
+    # enumeration of the pool shrunk to C(14, 2) = 91 <= 100 subsets
+    assert pool_memory(200, d, 2, 300, 8, 100, pool_node_limit=0) == enumerate_bytes(200, d, 14, 2)
+    assert pool_memory(200, d, 2, 300, 8, 100) == solver_memory("bnb", 200, d) > enumerate_bytes(200, d, 14, 2)
+    for solver in ("none", "bnb"):
+        wide = CertifyOptions(pool_mass=300, pool_error=8, max_subsets=10**6, solver=solver, time_limit=20.0,
+                              max_memory=400_000)
+        assert not needs_solver(200, 2, wide)  # the pool covers the row: no solver runs on it either way
+        reason = wide.memory_problem(200, d, 2, False)
+        assert reason is not None and "candidate pool" in reason and "--max-subsets" in reason
+        with pytest.raises(InputError, match=r"row 1 .*candidate pool .*N = 200"):
+            certify_file(src, tmp_path / "o.parquet", [2], options=wide, progress=False)
+        assert not (tmp_path / "o.parquet").exists()
+        t = pq.read_table(certify_file(src, tmp_path / "o.parquet", [2], options=wide, progress=False,
+                                       skip_invalid=True)).to_pylist()
+        assert t[0]["status"] == "optimal" and t[1]["status"] == "invalid" and "candidate pool" in t[1]["reason"]
+        (tmp_path / "o.parquet").unlink()
+    narrow = CertifyOptions(pool_mass=2, pool_error=2, solver="none", time_limit=20.0, max_memory=400_000)
+    assert narrow.memory_problem(200, d, 2, False) is None
+
+
 def _true_pi(p, V, S):
     """π = E / EF of a two-key kept set in 50-digit arithmetic (EF: the projection on the segment)."""
     import mpmath as mp
@@ -92,7 +126,7 @@ def test_rows_whose_gram_matrix_exceeds_max_memory_are_refused(tmp_path):
     recs = [_rec(0, 12, keys=False), _rec(1, 200, keys=False)]  # N = 200: bnb's Gram is 320 kB
     src = _write(tmp_path / "r.parquet", recs)
     small = CertifyOptions(pool_mass=2, pool_error=2, time_limit=20.0, max_memory=200_000)
-    assert small.memory_problem(12, 3) is None and "max-memory" in small.memory_problem(200, 3)
+    assert small.memory_problem(12, 3, 3) is None and "max-memory" in small.memory_problem(200, 3, 3)
     with pytest.raises(InputError, match=r"row 1 .*needs ~.* GiB for N = 200"):
         certify_file(src, tmp_path / "o.parquet", [3], options=small, progress=False)
     assert not (tmp_path / "o.parquet").exists()

@@ -101,6 +101,38 @@ def test_large_pools_at_small_s_match_brute_force_and_the_pair_table():
             assert v == op.forced_error(p, V, S)
 
 
+def test_enumerate_bytes_bounds_the_peak_with_two_tables_and_none_at_s_1():
+    # tracemalloc sees NumPy's allocations (the kernels' own are O(P s) per chunk): the peak of a call holds the
+    # Gram matrix and the pair table and no third P x P array (the pair table built in place), stays under the
+    # estimate certify's --max-memory check uses, and at s = 1 no table is built at all
+    import tracemalloc
+
+    from forcedweight.certify.enumerate import enumerate_bytes
+
+    rng = np.random.default_rng(8)
+    for n, P, s in ((1400, 1200, 2), (500, 400, 3), (1400, 1200, 1)):
+        p = np.exp(rng.normal(size=n))
+        p /= p.sum()
+        V = rng.normal(size=(n, 4))
+        pool = np.sort(rng.choice(n, size=P, replace=False))
+        enumerate_best(p, V, pool, s)  # compiled before the count
+        tracemalloc.start()
+        try:
+            v, S = enumerate_best(p, V, pool, s)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        table = 8 * P * P
+        assert peak <= enumerate_bytes(n, 4, P, s), (P, s, peak)
+        if s == 2:  # (few chunks: the tables are nearly all of it)
+            assert 2 * table <= peak < 2.5 * table, (P, s, peak)  # (three tables before: 3.1x)
+        elif s == 3:  # (648 chunks' candidate lists beside the tables)
+            assert 2 * table <= peak, (P, s, peak)
+        else:
+            assert peak < 0.25 * table, (P, s, peak)  # (the Gram matrix before: 1.1x)
+        assert v == op.forced_error(p, V, S)
+
+
 def test_cancellation_large_offsets():
     # values share a huge common offset: centring cancels it; the true optimum has E ~ 1e-9
     rng = np.random.default_rng(5)
