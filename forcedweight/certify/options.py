@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from forcedweight.certify.enumerate import enumerate_bytes
-from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT
+from forcedweight.certify.pool import MAX_SUBSETS, POOL_NODE_LIMIT, pool_size_limit
 from forcedweight.certify.solvers import cpsat, mitm, scip
 from forcedweight.certify.solvers.bnb import solve_bnb
 from forcedweight.certify.solvers.frontier import REFINE_WORK, frontier_bytes
@@ -212,7 +212,7 @@ class CertifyOptions:
         if need >= pool:
             return (f"solver {self.solver} needs ~{need / 2**30:.3g} GiB for N = {n} (a dense N x N Gram matrix), "
                     f"above --max-memory {cap / 2**30:.3g} GiB; raise --max-memory or use --solver none")
-        keys = min(n, s + self.pool_mass + self.pool_error)
+        keys = pool_size_limit(n, s, self.pool_mass, self.pool_error)
         return (f"the candidate pool (up to {keys} keys at s = {s}) needs ~{pool / 2**30:.3g} GiB for N = {n} "
                 f"(dense pool x pool tables), above --max-memory {cap / 2**30:.3g} GiB; raise --max-memory, or "
                 f"lower --max-subsets, --pool-mass or --pool-error")
@@ -246,7 +246,7 @@ def solver_memory(solver: str, n: int, d: int) -> int:
 def pool_memory(n: int, d: int, s: int, pool_mass: int, pool_error: int, max_subsets: int,
                 pool_node_limit: int = POOL_NODE_LIMIT) -> int:
     """Estimated peak bytes of the pool search (``pool.pool_optimum``) on one row of N = n keys and d value
-    dims at budget s, with a pool of at most P = min(n, s + pool_mass + pool_error) keys.
+    dims at budget s, with a pool of at most P = ``pool.pool_size_limit`` keys.
 
     Where ``C(P, s) > max_subsets`` the branch and bound restricted to the pool runs first (counted as bnb
     on P keys, ``solver_memory``; not when ``pool_node_limit`` is 0), then the enumeration of a pool shrunk
@@ -254,7 +254,7 @@ def pool_memory(n: int, d: int, s: int, pool_mass: int, pool_error: int, max_sub
     defaults (P = 28 at s = 8) this is kilobytes; it grows with ``--max-subsets`` at small s (s = 2 and
     a cap of 1e9 allow a pool of 44,721 keys: 30 GiB).
     """
-    P = max(min(int(n), int(s) + int(pool_mass) + int(pool_error)), int(s))
+    P = pool_size_limit(n, s, pool_mass, pool_error)
     need = 0
     if math.comb(P, s) > max_subsets:
         need = solver_memory("bnb", P, d) if pool_node_limit > 0 else 0

@@ -31,6 +31,12 @@ MAX_SUBSETS = 4_000_000
 POOL_NODE_LIMIT = 200_000
 
 
+def pool_size_limit(n: int, s: int, pool_mass: int, pool_error: int) -> int:
+    """The most keys ``candidate_pool`` can hold on a row of N = n keys: ``min(n, s + pool_mass + pool_error)``
+    (a pool of fewer than n keys leaves the rest of the row to the solver)."""
+    return min(int(n), int(s) + int(pool_mass) + int(pool_error))
+
+
 def candidate_pool(p, V, s: int, pool_mass: int = 12, pool_error: int = 8) -> np.ndarray:
     """Top ``s + pool_mass`` keys by mass joined with the top ``pool_error`` by single-key error.
 

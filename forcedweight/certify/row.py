@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from forcedweight.certify.options import CertifyOptions, run_solver
-from forcedweight.certify.pool import pool_optimum
+from forcedweight.certify.pool import pool_optimum, pool_size_limit
 from forcedweight.certify.record import make_record, penalties
 from forcedweight.core import operator as op
 from forcedweight.errors import RowError
@@ -177,7 +177,7 @@ def _checked(view: RowView, known: _Known) -> float:
 
 def needs_solver(n: int, s: int, options: CertifyOptions) -> bool:
     """Whether a row of N = n keys may reach the solver at budget s (its pool does not cover it)."""
-    return options.solver != "none" and n > s + options.pool_mass + options.pool_error
+    return options.solver != "none" and pool_size_limit(n, s, options.pool_mass, options.pool_error) < n
 
 
 def certify_row(row: Row, s: int, options: CertifyOptions | None = None) -> dict:
